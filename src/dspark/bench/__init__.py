@@ -1,0 +1,1 @@
+"""Benchmarks: the scheduler micro-benchmark (more to come with the engine)."""

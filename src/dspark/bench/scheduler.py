@@ -1,0 +1,323 @@
+"""``dspark bench-scheduler``: how long the per-step scheduling decisions take.
+
+Times, per call and at several batch sizes (K = 7), the budget (``choose_draft_budget``),
+a plain port of the seed's host-side budget on the same inputs, the allocation
+(``allocate_drafts``), the ``AdaptiveVerifier`` engine path (record + plan + allocate),
+and the torch allocation (CPU, or CUDA with events). Inputs are realistic: per-position
+acceptance from the published DSpark figures with per-request spread, and seed-style
+cost tables built from the measured H200 surface at 8k context. Prints a table and
+writes JSON and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from dspark.bench.seed_port import SeedRequestTable, seed_budget
+from dspark.resources import H200_COST_SURFACE, PUBLISHED_ACCEPTANCE, load_json
+from dspark.scheduling import (
+    AdaptiveVerifier,
+    CostTables,
+    allocate_drafts,
+    build_cost_tables,
+    choose_draft_budget,
+)
+
+NUM_POSITIONS = 7
+PROFILE_CONTEXT = 8192
+GRAPH_LIMIT = 512
+MAX_NUM_TOKENS = 16384
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    sizes: tuple[int, ...] = (1, 16, 64, 256, 1024)
+    num_inputs: int = 32
+    repeats: int = 15
+    seed: int = 0
+    torch_device: str | None = "cpu"
+    out_dir: Path = Path("results")
+
+    def __post_init__(self) -> None:
+        if not self.sizes or min(self.sizes) < 1:
+            raise ValueError(f"sizes must be positive request counts, got {self.sizes}")
+        if self.num_inputs < 1 or self.repeats < 1:
+            raise ValueError("num_inputs and repeats must be at least 1")
+
+
+@dataclass(slots=True)
+class Batch:
+    """One scheduling input: a decode batch of ``num_reqs`` requests with K drafts each."""
+
+    stale: np.ndarray  # [num_reqs, K] float32
+    fresh: np.ndarray  # [num_reqs, K] float32
+    num_drafts: np.ndarray  # [num_reqs]
+    num_non_draft: np.ndarray  # [num_reqs]
+    seed_table: SeedRequestTable
+    seed_tokens: dict[str, int]
+    seed_drafts: dict[str, list[int]]
+
+
+@dataclass(slots=True)
+class SizeResult:
+    num_reqs: int
+    median_budget: float
+    us: dict[str, float] = field(default_factory=dict)
+    budget_mismatches: int = 0
+
+
+def h200_seed_tables(max_num_reqs: int) -> CostTables:
+    """The seed's 1-D tables from the H200 surface: profiled at one context length."""
+    surface = load_json(H200_COST_SURFACE)
+    verify: dict[int, list[float]] = {}
+    for row in surface["target"]:
+        if row["context_len"] == PROFILE_CONTEXT:
+            verify.setdefault(row["num_reqs"] * row["query_len"], []).append(row["ms"])
+    draft = [
+        (r["num_reqs"], r["ms"]) for r in surface["draft"] if r["context_len"] == PROFILE_CONTEXT
+    ]
+    verify_curve = [(n, float(np.median(ms))) for n, ms in sorted(verify.items())]
+    return build_cost_tables(draft, verify_curve, max_num_reqs, MAX_NUM_TOKENS, GRAPH_LIMIT)
+
+
+def realistic_confidences(rng: np.random.Generator, num_reqs: int) -> np.ndarray:
+    """``[num_reqs, K]`` confidences around the published DSpark per-position rates."""
+    published = load_json(PUBLISHED_ACCEPTANCE)["conditional_acceptance_per_position"]
+    domains = np.array([published[d]["dspark"] for d in ("chat", "code", "math")])
+    domain = rng.integers(0, len(domains), num_reqs)
+    ease = rng.normal(0.0, 0.08, (num_reqs, 1))  # some requests are easier than others
+    noise = rng.normal(0.0, 0.05, (num_reqs, NUM_POSITIONS))
+    return np.clip(domains[domain] + ease + noise, 0.0, 1.0).astype(np.float32)
+
+
+def make_batch(rng: np.random.Generator, num_reqs: int) -> Batch:
+    stale = realistic_confidences(rng, num_reqs)
+    ids = [f"req-{i}" for i in range(num_reqs)]
+    table = SeedRequestTable(
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        num_computed_tokens=np.full(num_reqs, 100),
+        prefill_len=np.full(num_reqs, 50),
+        stale_confidences=stale,
+    )
+    return Batch(
+        stale=stale,
+        fresh=realistic_confidences(rng, num_reqs),
+        num_drafts=np.full(num_reqs, NUM_POSITIONS),
+        num_non_draft=np.ones(num_reqs, dtype=np.int64),
+        seed_table=table,
+        seed_tokens={r: 1 + NUM_POSITIONS for r in ids},
+        seed_drafts={r: [0] * NUM_POSITIONS for r in ids},
+    )
+
+
+def median_us_per_call(
+    call: Callable[[Batch], object], batches: Sequence[Batch], repeats: int
+) -> float:
+    """Median over repeats of the mean time per call over all input batches."""
+    for batch in batches[:4]:
+        call(batch)  # warm-up
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        for batch in batches:
+            call(batch)
+        per_call.append((time.perf_counter_ns() - start) / len(batches) / 1e3)
+    return statistics.median(per_call)
+
+
+def bench_size(config: BenchConfig, num_reqs: int, tables: CostTables) -> SizeResult:
+    rng = np.random.default_rng([config.seed, num_reqs])
+    batches = [make_batch(rng, num_reqs) for _ in range(config.num_inputs)]
+    logits = num_reqs * (NUM_POSITIONS + 1)
+
+    def ours(b: Batch) -> int:
+        return choose_draft_budget(b.stale, b.num_drafts, b.num_non_draft, num_reqs, tables, logits)
+
+    def seed(b: Batch) -> int:
+        return seed_budget(
+            b.seed_table, b.seed_tokens, b.seed_drafts, tables.draft_ms, tables.verify_ms, logits
+        )
+
+    budgets = [ours(b) for b in batches]
+    result = SizeResult(num_reqs, float(np.median(budgets)))
+    result.budget_mismatches = sum(seed(b) != ours(b) for b in batches)
+    slots = np.arange(num_reqs)
+    verifier = AdaptiveVerifier(num_reqs, NUM_POSITIONS, tables, logits)
+    for slot in slots:
+        verifier.add_request(slot)
+
+    def engine_step(b: Batch) -> np.ndarray:
+        verifier.record(slots, b.fresh)
+        budget = verifier.plan(slots, b.num_drafts, b.num_non_draft, num_reqs)
+        return verifier.allocate(slots, b.num_drafts, budget)
+
+    def plan_only(b: Batch) -> int:
+        return verifier.plan(slots, b.num_drafts, b.num_non_draft, num_reqs)
+
+    allocation_budget = {
+        id(b): max(1, budget // 2) for b, budget in zip(batches, budgets, strict=True)
+    }
+    cases: dict[str, Callable[[Batch], object]] = {
+        "budget": ours,
+        "seed_budget": seed,
+        "allocate": lambda b: allocate_drafts(b.fresh, b.num_drafts, allocation_budget[id(b)]),
+        "verifier_plan": plan_only,
+        "verifier_step": engine_step,
+    }
+    for name, call in cases.items():
+        result.us[name] = median_us_per_call(call, batches, config.repeats)
+    if config.torch_device:
+        result.us[f"torch_allocate_{config.torch_device}"] = _torch_allocate_us(
+            config, batches, allocation_budget
+        )
+    return result
+
+
+def _torch_allocate_us(
+    config: BenchConfig, batches: Sequence[Batch], budgets: dict[int, int]
+) -> float:
+    import torch
+
+    from dspark.ops import allocate_drafts_torch
+
+    device = torch.device(config.torch_device)
+    inputs = [
+        (
+            torch.from_numpy(b.fresh).to(device),
+            torch.from_numpy(b.num_drafts).to(device),
+            budgets[id(b)],
+        )
+        for b in batches
+    ]
+    if device.type != "cuda":
+        pairs = dict(zip((id(b) for b in batches), inputs, strict=True))
+        return median_us_per_call(
+            lambda b: allocate_drafts_torch(*pairs[id(b)]), batches, config.repeats
+        )
+    for args in inputs[:4]:
+        allocate_drafts_torch(*args)
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(config.repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for args in inputs:
+            allocate_drafts_torch(*args)
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) * 1e3 / len(inputs))
+    return statistics.median(per_call)
+
+
+def run(config: BenchConfig) -> list[SizeResult]:
+    tables = h200_seed_tables(max(config.sizes))
+    return [
+        bench_size(config, n, tables)
+        for n in tqdm(config.sizes, desc="bench-scheduler", unit="size")
+    ]
+
+
+def format_table(results: Sequence[SizeResult]) -> str:
+    names = list(results[0].us)
+    header = ["num_reqs", "budget b*", *[f"{n} µs" for n in names], "seed/ours", "mismatch"]
+    rows = [
+        [
+            str(r.num_reqs),
+            f"{r.median_budget:.0f}",
+            *[f"{r.us[n]:.1f}" for n in names],
+            f"{r.us['seed_budget'] / r.us['budget']:.1f}x",
+            str(r.budget_mismatches),
+        ]
+        for r in results
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    lines = [" | ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("-|-".join("-" * w for w in widths))
+    lines += [" | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(lines)
+
+
+def save(results: Sequence[SizeResult], config: BenchConfig) -> tuple[Path, Path]:
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = config.out_dir / "bench_scheduler.json"
+    payload = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "python": platform.python_version(),
+        },
+        "config": {**asdict(config), "out_dir": str(config.out_dir)},
+        "num_positions": NUM_POSITIONS,
+        "results": [asdict(r) for r in results],
+    }
+    json_path.write_text(json.dumps(payload, indent=2))
+    png_path = config.out_dir / "bench_scheduler.png"
+    _plot(results, png_path)
+    return json_path, png_path
+
+
+def _plot(results: Sequence[SizeResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r.num_reqs for r in results]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in results[0].us:
+        ax.plot(sizes, [r.us[name] for r in results], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(f"requests in the batch (K = {NUM_POSITIONS})")
+    ax.set_ylabel("median µs per call")
+    ax.set_title("Per-step scheduling cost")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    defaults = BenchConfig()
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(defaults.sizes))
+    parser.add_argument(
+        "--num-inputs", type=int, default=defaults.num_inputs, help="random batches per size"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=defaults.repeats, help="timed passes; the median is reported"
+    )
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--torch-device",
+        default=defaults.torch_device,
+        help="device for the torch allocation (cpu, cuda); 'none' skips it",
+    )
+    parser.add_argument("--out-dir", type=Path, default=defaults.out_dir)
+
+
+def main(args: argparse.Namespace) -> None:
+    device = None if args.torch_device in (None, "none") else args.torch_device
+    if device is not None:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            print("torch is not installed: skipping the torch allocation")
+            device = None
+    config = BenchConfig(
+        tuple(args.sizes), args.num_inputs, args.repeats, args.seed, device, args.out_dir
+    )
+    results = run(config)
+    print(format_table(results))
+    json_path, png_path = save(results, config)
+    print(f"wrote {json_path} and {png_path}")

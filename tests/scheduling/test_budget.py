@@ -1,0 +1,205 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from dspark.bench.seed_port import SeedRequestTable, seed_budget
+from dspark.scheduling import build_cost_tables, choose_draft_budget
+from dspark.scheduling.budget import _best_budget_binned, _best_budget_sorted
+from dspark.scheduling.survival import survival_by_position
+from tests.oracles import budget_ratios
+
+
+class LinearCost:
+    """cost[b] = fixed + per_token * (num_tokens + b): a transparent test cost model."""
+
+    def __init__(self, fixed: float, per_token: float) -> None:
+        self.fixed, self.per_token = fixed, per_token
+
+    def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
+        return self.fixed + self.per_token * (num_tokens + np.arange(max_drafts + 1.0))
+
+
+def budget(conf, drafts, non_draft, sampling, cost, logits=10_000):
+    return choose_draft_budget(
+        np.array(conf, dtype=np.float64), drafts, non_draft, sampling, cost, logits
+    )
+
+
+def test_idle_gpu_verifies_everything():
+    # Drafts are free: every draft with positive survival raises the gain.
+    assert budget([[0.5, 0.5], [0.1, 0.9]], [2, 2], [1, 1], 2, LinearCost(10.0, 0.0)) == 4
+
+
+def test_only_the_marginal_draft_that_pays_is_admitted():
+    # cost = 2 + 1 per draft; gain = 2 + survival. Scores 0.9, 0.5, 0.1:
+    # b=0: 2/2 = 1.0; b=1: 2.9/3 = 0.967 ... no draft pays at this price.
+    assert budget([[0.9, 0.5 / 0.9], [0.1, 1.0]], [2, 1], [1, 1], 2, LinearCost(0.0, 1.0)) == 0
+    # Cheaper drafts (cost = 2 + 0.4 b): b=1: 2.9/2.4 = 1.208, b=2: 3.4/2.8 = 1.214,
+    # b=3: 3.5/3.2 = 1.094. The second draft (0.5) still pays, the third (0.1) does not.
+    cost = LinearCost(2.0 - 0.4 * 2, 0.4)
+    assert budget([[0.9, 0.5 / 0.9], [0.1, 1.0]], [2, 1], [1, 1], 2, cost) == 2
+
+
+def test_prefill_chunk_that_samples_nothing_lowers_the_base_gain():
+    conf = [[0.2], [1.0]]
+    cost = LinearCost(0.0, 1.0)  # request 1 is a 7-token prompt chunk: T = 8
+    # Both sample: 2/8 = 0.250 beats 2.2/9 = 0.244, so the draft does not pay.
+    assert budget(conf, [1, 0], [1, 7], 2, cost) == 0
+    # The chunk does not finish its prompt and samples nothing: 1/8 = 0.125 loses to
+    # 1.2/9 = 0.133, and the same draft is now worth verifying.
+    assert budget(conf, [1, 0], [1, 7], 1, cost) == 1
+
+
+def test_logits_cap_limits_the_budget():
+    conf = np.ones((3, 4))
+    # 3 requests x 1 bonus logit leave room for 5 draft logits out of 12 drafts.
+    assert budget(conf, [4, 4, 4], [1, 1, 1], 3, LinearCost(1.0, 0.0), logits=8) == 5
+    assert budget(conf, [4, 4, 4], [1, 1, 1], 3, LinearCost(1.0, 0.0), logits=2) == 0
+
+
+def test_zero_budget_when_no_drafts_are_scheduled():
+    assert budget(np.ones((2, 3)), [0, 0], [1, 1], 2, LinearCost(1.0, 0.0)) == 0
+
+
+def test_ties_pick_the_smallest_budget():
+    # Zero survival adds no gain, and a flat cost makes every b tie: b = 0.
+    assert budget([[0.0, 0.0]], [2], [1], 1, LinearCost(1.0, 0.0)) == 0
+
+
+def test_seed_tables_price_the_step():
+    tables = build_cost_tables([(1, 1.0), (4, 1.0)], [(1, 2.0), (8, 2.0), (16, 20.0)], 4, 16, 8)
+    # Up to 8 tokens a step costs 2.0 ms (graph padding), beyond that it jumps.
+    conf = np.full((4, 3), 0.9)
+    assert budget(conf, [3, 3, 3, 3], [1, 1, 1, 1], 4, tables) == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"stale_confidences": np.array([[1.5, 0.2]])}, "stale_confidences.*\\[0, 1\\]"),
+        ({"stale_confidences": np.array([[np.nan, 0.2]])}, "no NaN"),
+        ({"stale_confidences": np.array([0.5, 0.2])}, "2-D"),
+        ({"num_drafts": [3]}, "at most K=2"),
+        ({"num_drafts": [1, 1]}, "num_drafts must have length 1"),
+        ({"num_drafts": [-1]}, "non-negative"),
+        ({"num_non_draft": [1, 2]}, "num_non_draft must have length 1"),
+        ({"num_sampling": 2}, "num_sampling must be at most"),
+        ({"max_total_logits": -1}, "max_total_logits"),
+    ],
+)
+def test_bad_input_is_a_value_error_naming_the_argument(kwargs, message):
+    args = {
+        "stale_confidences": np.array([[0.5, 0.5]]),
+        "num_drafts": [2],
+        "num_non_draft": [1],
+        "num_sampling": 1,
+        "tables": LinearCost(1.0, 0.1),
+        "max_total_logits": 100,
+    }
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        choose_draft_budget(**args)
+
+
+@st.composite
+def batches(draw, max_reqs=6, max_k=5):
+    num_reqs = draw(st.integers(1, max_reqs))
+    k = draw(st.integers(1, max_k))
+    # Coarse grids produce exact ties; floats produce generic cases.
+    values = st.one_of(st.sampled_from([0.0, 0.25, 0.5, 1.0]), st.floats(0, 1))
+    conf = draw(hnp.arrays(np.float64, (num_reqs, k), elements=values))
+    drafts = draw(hnp.arrays(np.int64, num_reqs, elements=st.integers(0, k)))
+    non_draft = draw(hnp.arrays(np.int64, num_reqs, elements=st.integers(1, 4)))
+    sampling = draw(st.integers(0, num_reqs))
+    fixed = draw(st.floats(0.01, 10))
+    per_token = draw(st.floats(0, 2))
+    step = draw(st.integers(1, 8))  # graph-like padding: cost rises every `step` tokens
+    logits = draw(st.integers(0, 60))
+    return conf, drafts, non_draft, sampling, fixed, per_token, step, logits
+
+
+class PaddedCost:
+    def __init__(self, fixed, per_token, step):
+        self.fixed, self.per_token, self.step = fixed, per_token, step
+
+    def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
+        tokens = num_tokens + np.arange(max_drafts + 1)
+        padded = -(-tokens // self.step) * self.step
+        return self.fixed + self.per_token * padded
+
+
+@settings(max_examples=400, deadline=None)
+@given(batches())
+def test_budget_maximises_gain_over_cost_against_brute_force(batch):
+    conf, drafts, non_draft, sampling, fixed, per_token, step, logits = batch
+    cost = PaddedCost(fixed, per_token, step)
+    chosen = choose_draft_budget(conf, drafts, non_draft, sampling, cost, logits)
+    cap = min(int(drafts.sum()), max(0, logits - len(drafts)))
+    costs = cost.step_costs_ms(len(drafts), int(non_draft.sum()), cap)
+    ratios = budget_ratios(conf, drafts, sampling, costs, cap)
+    assert 0 <= chosen <= cap
+    best = ratios.max()
+    assert ratios[chosen] >= best * (1 - 1e-12)
+    # Smallest b among the maximisers (up to rounding in the sums).
+    assert not (ratios[:chosen] >= best * (1 + 1e-12)).any()
+    assert not (ratios[:chosen] > ratios[chosen] * (1 + 1e-12)).any()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(60, 400),
+    st.integers(1, 8),
+    st.floats(0.2, 0.99),
+    st.floats(0.0, 0.3),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([1, 8, 64]),
+)
+def test_binned_search_equals_full_sort_on_large_batches(num_reqs, k, mean, spread, seed, step):
+    rng = np.random.default_rng(seed)
+    conf = np.clip(rng.normal(mean, spread, (num_reqs, k)), 0, 1)
+    conf[rng.random(conf.shape) < 0.05] = 1.0  # new requests: exact ties at 1.0
+    drafts = rng.integers(0, k + 1, num_reqs)
+    scores = survival_by_position(conf, drafts).ravel()
+    cap = int(drafts.sum())
+    costs = PaddedCost(rng.uniform(0.1, 20), rng.uniform(0.001, 0.1), step).step_costs_ms(
+        num_reqs, num_reqs, cap
+    )
+    sampling = int(rng.integers(0, num_reqs + 1))
+    assert _best_budget_binned(scores, cap, sampling, costs) == _best_budget_sorted(
+        scores, cap, sampling, costs
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 600), st.integers(0, 2**32 - 1))
+def test_same_decisions_as_the_seed_on_seed_tables(num_reqs, seed):
+    rng = np.random.default_rng(seed)
+    k = 7
+    tables = build_cost_tables(
+        [(1, 0.7), (8, 0.8), (64, 3.7), (256, 13.6)],
+        [(1, 5.0), (8, 5.4), (64, 9.0), (256, 17.0), (512, 31.0), (768, 45.0), (8192, 400.0)],
+        1024,
+        8192,
+        cudagraph_limit=512,
+    )
+    conf = rng.beta(6, 1.5, (num_reqs, k)).astype(np.float32)
+    drafts = rng.integers(0, k + 1, num_reqs)
+    computed = rng.integers(0, 50, num_reqs)
+    prompt = rng.integers(1, 50, num_reqs)
+    non_draft = np.where(computed >= prompt, 1, np.minimum(prompt - computed, 8))
+    sampling = int(np.count_nonzero(computed + non_draft >= prompt))
+    logits = int(rng.integers(num_reqs, 9 * num_reqs))
+    ids = [f"req-{i}" for i in range(num_reqs)]
+    table = SeedRequestTable({r: i for i, r in enumerate(ids)}, computed, prompt, conf)
+    seed_choice = seed_budget(
+        table,
+        {r: int(non_draft[i] + drafts[i]) for i, r in enumerate(ids)},
+        {r: [0] * int(drafts[i]) for i, r in enumerate(ids)},
+        tables.draft_ms,
+        tables.verify_ms,
+        logits,
+    )
+    ours = choose_draft_budget(conf, drafts, non_draft, sampling, tables, logits)
+    assert ours == seed_choice

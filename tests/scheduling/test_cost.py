@@ -1,0 +1,97 @@
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dspark.scheduling import CostTables, StepCostModel, build_cost_tables
+from dspark.scheduling.cost import VERIFY_FLOOR_MS
+
+
+def test_below_graph_limit_cost_is_step_function_of_padded_size():
+    tables = build_cost_tables([(1, 0.5)], [(1, 1.0), (4, 2.0), (8, 4.0)], 1, 8, cudagraph_limit=8)
+    # Size n costs the smallest profiled size >= n; size 0 pads to the first point.
+    assert tables.verify_ms.tolist() == [1.0, 1.0, 2.0, 2.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+
+
+def test_above_graph_limit_interpolates_without_blending_across_it():
+    verify = [(4, 1.0), (8, 2.0), (12, 10.0), (16, 14.0)]
+    tables = build_cost_tables([(1, 0.0)], verify, 1, 20, cudagraph_limit=8)
+    v = tables.verify_ms
+    assert v[8] == 2.0
+    # 9..11 lie between the limit and the first point above it: they take that point's
+    # cost (no blend with the 2.0 below the limit).
+    assert v[9:13].tolist() == [10.0, 10.0, 10.0, 10.0]
+    assert v[14] == pytest.approx(12.0)  # halfway between 12 and 16
+    # Past the last point: slope of the last two points, 1 ms/token.
+    assert v[17:21].tolist() == pytest.approx([15.0, 16.0, 17.0, 18.0])
+
+
+def test_without_graph_limit_extrapolates_linearly_only_past_last_point():
+    tables = build_cost_tables([(1, 0.0)], [(2, 1.0), (4, 3.0)], 1, 6)
+    assert tables.verify_ms.tolist() == pytest.approx([1.0, 1.0, 1.0, 3.0, 3.0, 4.0, 5.0])
+
+
+def test_non_monotone_curve_is_made_non_decreasing():
+    tables = build_cost_tables([(1, 1.0), (2, 0.5), (4, 2.0)], [(1, 3.0), (2, 1.0)], 4, 2)
+    assert tables.verify_ms.tolist() == [3.0, 3.0, 3.0]
+    # Drafts: running max [1, 1, 2] with extrapolated slope (2-1)/(4-2) = 0.5.
+    assert tables.draft_ms.tolist() == [1.0, 1.0, 1.0, 2.0, 2.0]
+
+
+def test_floors_keep_draft_non_negative_and_verify_positive():
+    tables = build_cost_tables([(1, 0.0)], [(1, 0.0), (2, 0.0)], 2, 3)
+    assert tables.verify_ms.min() == VERIFY_FLOOR_MS
+    assert tables.draft_ms.min() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("curve", "message"),
+    [
+        ([], "empty"),
+        ([(1, float("nan"))], "finite"),
+        ([(1, float("inf"))], "finite"),
+        ([(4, 1.0), (2, 2.0)], "ascending"),
+        ([(2, 1.0), (2, 2.0)], "ascending"),
+        ([(-1, 1.0)], "non-negative integers"),
+        ([(1.5, 1.0)], "non-negative integers"),
+        ([(1, -1.0)], "non-negative"),
+        ([(1, 2.0, 3.0)], "pairs"),
+    ],
+)
+def test_bad_curves_are_value_errors_naming_the_curve(curve, message):
+    with pytest.raises(ValueError, match=f"verify_curve.*{message}|{message}.*verify_curve"):
+        build_cost_tables([(1, 1.0)], curve, 4, 4)
+
+
+def test_step_costs_are_draft_plus_verify_and_bounds_are_checked():
+    tables = build_cost_tables([(1, 0.5), (2, 0.75)], [(1, 1.0), (8, 8.0)], 2, 8)
+    assert isinstance(tables, StepCostModel)
+    costs = tables.step_costs_ms(num_reqs=2, num_tokens=2, max_drafts=3)
+    assert costs.tolist() == [8.75] * 4
+    with pytest.raises(ValueError, match="outside the cost tables"):
+        tables.step_costs_ms(num_reqs=2, num_tokens=6, max_drafts=3)
+    with pytest.raises(ValueError, match="outside the cost tables"):
+        tables.step_costs_ms(num_reqs=3, num_tokens=1, max_drafts=0)
+
+
+def test_tables_are_read_only():
+    tables = build_cost_tables([(1, 0.5)], [(1, 1.0)], 1, 1)
+    with pytest.raises(ValueError):
+        tables.verify_ms[0] = 0.0
+
+
+curves = st.lists(
+    st.tuples(st.integers(0, 300), st.floats(0, 100, allow_nan=False)), min_size=1, max_size=8
+).map(lambda pts: sorted({s: c for s, c in pts}.items()))
+
+
+@given(curves, curves, st.integers(0, 256))
+def test_tables_are_non_decreasing_and_match_profiled_points(draft, verify, limit):
+    tables = build_cost_tables(draft, verify, 64, 512, cudagraph_limit=limit)
+    assert isinstance(tables, CostTables)
+    for table in (tables.draft_ms, tables.verify_ms):
+        assert (np.diff(table) >= -1e-9).all()
+    running_max = np.maximum.accumulate([c for _, c in verify])
+    for (size, _), cost in zip(verify, running_max, strict=True):
+        if size <= 512:
+            assert tables.verify_ms[size] == pytest.approx(max(cost, VERIFY_FLOOR_MS))

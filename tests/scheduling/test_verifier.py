@@ -1,0 +1,90 @@
+import numpy as np
+import pytest
+
+from dspark.scheduling import AdaptiveVerifier, allocate_drafts, choose_draft_budget
+
+
+class LinearCost:
+    def __init__(self, fixed, per_token):
+        self.fixed, self.per_token = fixed, per_token
+
+    def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
+        return self.fixed + self.per_token * (num_tokens + np.arange(max_drafts + 1.0))
+
+
+def make(num_slots=4, k=3, cost=None):
+    return AdaptiveVerifier(num_slots, k, cost or LinearCost(1.0, 0.25), max_total_logits=1000)
+
+
+def test_budget_uses_previous_round_allocation_uses_this_round():
+    verifier = make()
+    slots = np.array([2, 0])
+    verifier.add_request(0)
+    verifier.add_request(2)
+    round_1 = np.array([[0.1, 0.1, 0.1], [0.9, 0.9, 0.9]])
+    round_2 = np.array([[0.9, 0.9, 0.9], [0.1, 0.1, 0.1]])
+    drafts, non_draft = np.array([3, 3]), np.array([1, 1])
+
+    verifier.record(slots, round_1)
+    # First round: new requests are planned as if every draft survives (1.0).
+    assert verifier.plan(slots, drafts, non_draft, 2) == choose_draft_budget(
+        np.ones((2, 3)), drafts, non_draft, 2, verifier.cost_model, 1000
+    )
+    verifier.record(slots, round_2)
+    budget = verifier.plan(slots, drafts, non_draft, 2)
+    assert budget == choose_draft_budget(round_1, drafts, non_draft, 2, verifier.cost_model, 1000)
+    assert budget == 3  # computed by hand: 0.9, 0.81, 0.729 pay at 0.25 ms/token; 0.1 doesn't
+    # ... while the allocation ranks this round's confidences: slot 2 now leads.
+    assert verifier.allocate(slots, drafts, budget).tolist() == [3, 0]
+    assert (
+        verifier.allocate(slots, drafts, 2).tolist() == allocate_drafts(round_2, drafts, 2).tolist()
+    )
+
+
+def test_stale_is_per_slot_and_skipped_steps_keep_the_last_record():
+    verifier = make()
+    for slot in (0, 1):
+        verifier.add_request(slot)
+    a = np.full((1, 3), 0.3)
+    verifier.record(np.array([0]), a)
+    verifier.record(np.array([1]), np.full((1, 3), 0.8))  # slot 0 not in this batch
+    verifier.record(np.array([0]), np.full((1, 3), 0.6))
+    drafts, non_draft = np.array([3]), np.array([1])
+    assert verifier.plan(np.array([0]), drafts, non_draft, 1) == choose_draft_budget(
+        a, drafts, non_draft, 1, verifier.cost_model, 1000
+    )
+
+
+def test_reused_slot_starts_again_at_one():
+    verifier = make(cost=LinearCost(1.0, 0.3))
+    verifier.add_request(1)
+    verifier.record(np.array([1]), np.zeros((1, 3)))
+    verifier.record(np.array([1]), np.zeros((1, 3)))
+    drafts, non_draft = np.array([3]), np.array([1])
+    assert verifier.plan(np.array([1]), drafts, non_draft, 1) == 0
+    verifier.remove_request(1)
+    verifier.add_request(1)
+    verifier.record(np.array([1]), np.zeros((1, 3)))
+    assert verifier.plan(np.array([1]), drafts, non_draft, 1) == 3
+
+
+def test_lifecycle_errors_are_clear():
+    verifier = make()
+    with pytest.raises(ValueError, match="hold no request"):
+        verifier.record(np.array([0]), np.ones((1, 3)))
+    verifier.add_request(0)
+    with pytest.raises(ValueError, match="already holds"):
+        verifier.add_request(0)
+    with pytest.raises(ValueError, match="slot must be in"):
+        verifier.add_request(9)
+    with pytest.raises(ValueError, match=r"\[1, 3\]"):
+        verifier.record(np.array([0]), np.ones((1, 2)))
+    with pytest.raises(ValueError, match="\\[0, 1\\]"):
+        verifier.record(np.array([0]), np.full((1, 3), 2.0))
+    with pytest.raises(ValueError, match="at most K=3"):
+        verifier.plan(np.array([0]), np.array([4]), np.array([1]), 1)
+    with pytest.raises(ValueError, match="budget must be in"):
+        verifier.allocate(np.array([0]), np.array([2]), 3)
+    verifier.remove_request(0)
+    with pytest.raises(ValueError, match="holds no request"):
+        verifier.remove_request(0)
