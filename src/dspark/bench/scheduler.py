@@ -121,18 +121,24 @@ def make_batch(rng: np.random.Generator, num_reqs: int) -> Batch:
 
 
 def median_us_per_call(
-    call: Callable[[Batch], object], batches: Sequence[Batch], repeats: int
-) -> float:
-    """Median over repeats of the mean time per call over all input batches."""
-    for batch in batches[:4]:
-        call(batch)  # warm-up
-    per_call = []
+    cases: dict[str, Callable[[Batch], object]], batches: Sequence[Batch], repeats: int
+) -> dict[str, float]:
+    """Median over repeats of the mean µs per call over all input batches, per case.
+
+    The cases take turns within every repeat, so a change in the machine's speed during
+    the run (frequent on a shared VM) affects them alike and their ratios stay fair.
+    """
+    for call in cases.values():
+        for batch in batches[:4]:
+            call(batch)  # warm-up
+    samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(repeats):
-        start = time.perf_counter_ns()
-        for batch in batches:
-            call(batch)
-        per_call.append((time.perf_counter_ns() - start) / len(batches) / 1e3)
-    return statistics.median(per_call)
+        for name, call in cases.items():
+            start = time.perf_counter_ns()
+            for batch in batches:
+                call(batch)
+            samples[name].append((time.perf_counter_ns() - start) / len(batches) / 1e3)
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def bench_size(config: BenchConfig, num_reqs: int, tables: CostTables) -> SizeResult:
@@ -164,8 +170,11 @@ def bench_size(config: BenchConfig, num_reqs: int, tables: CostTables) -> SizeRe
     def plan_only(b: Batch) -> int:
         return verifier.plan(slots, b.num_drafts, b.num_non_draft, num_reqs)
 
+    # The allocation places the budget the plan chose (when it admits every draft, the
+    # allocation is skipped in the engine, so time the largest smaller budget instead).
     allocation_budget = {
-        id(b): max(1, budget // 2) for b, budget in zip(batches, budgets, strict=True)
+        id(b): min(budget, int(b.num_drafts.sum()) - 1)
+        for b, budget in zip(batches, budgets, strict=True)
     }
     cases: dict[str, Callable[[Batch], object]] = {
         "budget": ours,
@@ -174,49 +183,76 @@ def bench_size(config: BenchConfig, num_reqs: int, tables: CostTables) -> SizeRe
         "verifier_plan": plan_only,
         "verifier_step": engine_step,
     }
-    for name, call in cases.items():
-        result.us[name] = median_us_per_call(call, batches, config.repeats)
-    if config.torch_device:
-        result.us[f"torch_allocate_{config.torch_device}"] = _torch_allocate_us(
-            config, batches, allocation_budget
+    if config.torch_device and config.torch_device != "cuda":
+        cases[f"torch_allocate_{config.torch_device}"] = _torch_allocate_cpu(
+            config.torch_device, batches, allocation_budget
         )
+    result.us = median_us_per_call(cases, batches, config.repeats)
+    if config.torch_device == "cuda":
+        result.us |= _torch_allocate_cuda_us(batches, allocation_budget, config.repeats)
     return result
 
 
-def _torch_allocate_us(
-    config: BenchConfig, batches: Sequence[Batch], budgets: dict[int, int]
-) -> float:
+def _torch_inputs(device: str, batches: Sequence[Batch], budgets: dict[int, int]) -> dict:
     import torch
 
-    from dspark.ops import allocate_drafts_torch
-
-    device = torch.device(config.torch_device)
-    inputs = [
-        (
+    return {
+        id(b): (
             torch.from_numpy(b.fresh).to(device),
             torch.from_numpy(b.num_drafts).to(device),
             budgets[id(b)],
         )
         for b in batches
-    ]
-    if device.type != "cuda":
-        pairs = dict(zip((id(b) for b in batches), inputs, strict=True))
-        return median_us_per_call(
-            lambda b: allocate_drafts_torch(*pairs[id(b)]), batches, config.repeats
-        )
-    for args in inputs[:4]:
-        allocate_drafts_torch(*args)
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(config.repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    }
+
+
+def _torch_allocate_cpu(
+    device: str, batches: Sequence[Batch], budgets: dict[int, int]
+) -> Callable[[Batch], object]:
+    from dspark.ops import allocate_drafts_torch
+
+    inputs = _torch_inputs(device, batches, budgets)
+    return lambda b: allocate_drafts_torch(*inputs[id(b)])
+
+
+def _torch_allocate_cuda_us(
+    batches: Sequence[Batch], budgets: dict[int, int], repeats: int
+) -> dict[str, float]:
+    """µs per call on the GPU from CUDA events, after warm-up: issued eagerly from Python
+    (bounded by kernel launches), and replayed from a captured CUDA graph (the kernels'
+    own time; capture also proves the op never synchronises with the host)."""
+    import torch
+
+    from dspark.ops import allocate_drafts_torch
+
+    inputs = list(_torch_inputs("cuda", batches, budgets).values())
+
+    def time_us(run_all: Callable[[], object], calls: int) -> float:
+        run_all()
+        torch.cuda.synchronize()
+        per_call = []
+        for _ in range(repeats):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            run_all()
+            end.record()
+            end.synchronize()
+            per_call.append(start.elapsed_time(end) * 1e3 / calls)
+        return statistics.median(per_call)
+
+    eager = time_us(lambda: [allocate_drafts_torch(*args) for args in inputs], len(inputs))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        allocate_drafts_torch(*inputs[0])  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
         for args in inputs:
             allocate_drafts_torch(*args)
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) * 1e3 / len(inputs))
-    return statistics.median(per_call)
+    replay = time_us(graph.replay, len(inputs))
+    return {"torch_allocate_cuda": eager, "torch_allocate_cuda_graph": replay}
 
 
 def run(config: BenchConfig) -> list[SizeResult]:

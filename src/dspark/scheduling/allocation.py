@@ -10,34 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dspark.scheduling._checks import (
-    as_confidences,
-    as_int_vector,
-    check_drafts_fit,
-    check_non_negative_int,
-)
-from dspark.scheduling.survival import (
-    SORT_MAX_SLOTS,
-    bin_keys,
-    num_bins_for,
-    select_bins,
-    survival_by_position,
-)
-
-
-def kth_largest(scores: np.ndarray, k: int) -> float:
-    """The ``k``-th largest score (1-based) of scores in [0, 1]."""
-    num_slots = scores.shape[0]
-    if num_slots <= SORT_MAX_SLOTS:
-        return float(np.partition(scores, num_slots - k)[num_slots - k])
-    num_bins = num_bins_for(num_slots)
-    keys = bin_keys(scores, num_bins)
-    above = np.add.accumulate(np.bincount(keys, minlength=num_bins + 1)[::-1])
-    top_bin = int(np.searchsorted(above, k, side="left"))  # the bin holding rank k
-    key = num_bins - top_bin
-    members = select_bins(scores, keys, key, key)
-    rank_in_bin = k - (int(above[top_bin - 1]) if top_bin else 0)
-    return float(np.partition(members, members.shape[0] - rank_in_bin)[-rank_in_bin])
+from dspark.scheduling._checks import as_confidences, as_draft_counts, as_non_negative_int
+from dspark.scheduling.survival import kth_largest, survival_by_position
 
 
 def admit_top_slots(survival: np.ndarray, num_drafts: np.ndarray, budget: int) -> np.ndarray:
@@ -75,14 +49,15 @@ def allocate_drafts(confidences: np.ndarray, num_drafts: np.ndarray, budget: int
     """
     confidences = as_confidences("confidences", confidences)
     num_reqs, num_positions = confidences.shape
-    drafts = as_int_vector("num_drafts", num_drafts, num_reqs)
-    check_drafts_fit("num_drafts", drafts, num_positions)
-    budget = check_non_negative_int("budget", budget)
-    total = int(drafts.sum())
-    if budget > total:
-        raise ValueError(f"budget must be at most the scheduled drafts ({total}), got {budget}")
-    if budget == total:
-        return drafts.copy()
+    drafts = as_draft_counts("num_drafts", num_drafts, num_reqs, num_positions)
+    budget = as_non_negative_int("budget", budget)
+    if budget > drafts.total:
+        raise ValueError(
+            f"budget must be at most the scheduled drafts ({drafts.total}), got {budget}"
+        )
+    if budget == drafts.total:
+        return drafts.counts.astype(np.int64)
     if budget == 0:
         return np.zeros(num_reqs, dtype=np.int64)
-    return admit_top_slots(survival_by_position(confidences, drafts), drafts, budget)
+    survival = survival_by_position(confidences, drafts.counts, drafts.is_full)
+    return admit_top_slots(survival, drafts.counts, budget)

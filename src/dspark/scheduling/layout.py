@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dspark.scheduling._checks import as_int_vector, check_non_negative_int
+from dspark.scheduling._checks import as_counts, as_non_negative_int
 
 
 def verification_layout(
@@ -20,11 +20,11 @@ def verification_layout(
     ``padded_len + 1`` entries by repeating the total (graph-captured batches are
     padded with empty requests), and ``cu_num_logits = [0, cumsum(admitted + bonus)]``.
     """
-    admitted = as_int_vector("admitted", admitted)
+    admitted = as_counts("admitted", admitted)
     num_reqs = admitted.shape[0]
-    non_draft = as_int_vector("num_non_draft", num_non_draft, num_reqs)
-    num_bonus_tokens = check_non_negative_int("num_bonus_tokens", num_bonus_tokens)
-    num_slots = num_reqs if padded_len is None else check_non_negative_int("padded_len", padded_len)
+    non_draft = as_counts("num_non_draft", num_non_draft, num_reqs)
+    num_bonus_tokens = as_non_negative_int("num_bonus_tokens", num_bonus_tokens)
+    num_slots = num_reqs if padded_len is None else as_non_negative_int("padded_len", padded_len)
     if num_slots < num_reqs:
         raise ValueError(f"padded_len must be at least num_reqs={num_reqs}, got {num_slots}")
     query_start_loc = np.zeros(num_slots + 1, dtype=np.int64)
@@ -49,10 +49,10 @@ def upper_bound_split(
     the device decides. ``cu_num_logits`` keeps the scheduled layout (an upper bound),
     except when nothing or everything is admitted, where it is exact.
     """
-    drafts = as_int_vector("num_drafts", num_drafts)
-    non_draft = as_int_vector("num_non_draft", num_non_draft, drafts.shape[0])
-    budget = check_non_negative_int("budget", budget)
-    num_bonus_tokens = check_non_negative_int("num_bonus_tokens", num_bonus_tokens)
+    drafts = as_counts("num_drafts", num_drafts)
+    non_draft = as_counts("num_non_draft", num_non_draft, drafts.shape[0])
+    budget = as_non_negative_int("budget", budget)
+    num_bonus_tokens = as_non_negative_int("num_bonus_tokens", num_bonus_tokens)
     total = int(drafts.sum())
     if budget > total:
         raise ValueError(f"budget must be at most the scheduled drafts ({total}), got {budget}")

@@ -29,14 +29,14 @@ import numpy as np
 
 from dspark.scheduling._checks import (
     as_confidences,
-    as_int_vector,
-    check_drafts_fit,
-    check_non_negative_int,
+    as_counts,
+    as_draft_counts,
+    as_non_negative_int,
 )
 from dspark.scheduling.allocation import admit_top_slots
 from dspark.scheduling.budget import best_budget, draft_cap
 from dspark.scheduling.cost import StepCostModel
-from dspark.scheduling.survival import zero_unscheduled
+from dspark.scheduling.survival import running_product, zero_unscheduled
 
 
 class AdaptiveVerifier:
@@ -57,11 +57,11 @@ class AdaptiveVerifier:
             )
         self.num_positions = num_positions
         self.cost_model = cost_model
-        self.max_total_logits = check_non_negative_int("max_total_logits", max_total_logits)
-        self.num_bonus_tokens = check_non_negative_int("num_bonus_tokens", num_bonus_tokens)
-        # Survival of each slot's recorded confidences, position-major: [K, max_num_slots].
-        self._fresh = np.ones((num_positions, max_num_slots))
-        self._stale = np.ones((num_positions, max_num_slots))
+        self.max_total_logits = as_non_negative_int("max_total_logits", max_total_logits)
+        self.num_bonus_tokens = as_non_negative_int("num_bonus_tokens", num_bonus_tokens)
+        # Survival of each slot's last two recorded rounds: [max_num_slots, K] each.
+        self._fresh = np.ones((max_num_slots, num_positions))
+        self._stale = np.ones((max_num_slots, num_positions))
         self._is_active = np.zeros(max_num_slots, dtype=bool)
 
     @property
@@ -73,8 +73,8 @@ class AdaptiveVerifier:
         self._check_slot(slot)
         if self._is_active[slot]:
             raise ValueError(f"slot {slot} already holds a request; remove it first")
-        self._fresh[:, slot] = 1.0
-        self._stale[:, slot] = 1.0
+        self._fresh[slot] = 1.0
+        self._stale[slot] = 1.0
         self._is_active[slot] = True
 
     def remove_request(self, slot: int) -> None:
@@ -93,11 +93,9 @@ class AdaptiveVerifier:
                 f"confidences must be [{slots.shape[0]}, {self.num_positions}] "
                 f"(one row per slot, K={self.num_positions}), got {confidences.shape}"
             )
-        self._stale[:, slots] = self._fresh[:, slots]
-        survival = confidences.T.astype(np.float64)  # [K, num_reqs]
-        for k in range(1, self.num_positions):
-            np.multiply(survival[k - 1], survival[k], out=survival[k])
-        self._fresh[:, slots] = survival
+        self._stale[slots] = self._fresh.take(slots, axis=0)
+        survival = running_product(confidences.T.astype(np.float64, order="C"))  # [K, n]
+        self._fresh[slots] = survival.T
 
     def plan(
         self,
@@ -110,43 +108,43 @@ class AdaptiveVerifier:
         """The step's draft budget, from the stale confidences (see the module doc)."""
         slots = self._check_slots(slots)
         num_reqs = slots.shape[0]
-        drafts = self._check_drafts(num_drafts, num_reqs)
-        non_draft = as_int_vector("num_non_draft", num_non_draft, num_reqs)
+        drafts = as_draft_counts("num_drafts", num_drafts, num_reqs, self.num_positions)
+        non_draft = as_counts("num_non_draft", num_non_draft, num_reqs)
         if not 0 <= num_sampling <= num_reqs:
             raise ValueError(f"num_sampling must be in [0, {num_reqs}], got {num_sampling}")
-        cap = draft_cap(int(drafts.sum()), num_reqs, self.max_total_logits, self.num_bonus_tokens)
+        cap = draft_cap(drafts.total, num_reqs, self.max_total_logits, self.num_bonus_tokens)
+        if cap == 0:
+            return 0
         costs = self.cost_model.step_costs_ms(num_reqs, int(non_draft.sum()), cap, context_tokens)
-        survival = self._stale.take(slots, axis=1)
-        zero_unscheduled(survival, drafts)
+        survival = self._stale.take(slots, axis=0)  # [num_reqs, K]; order is irrelevant here
+        if not drafts.is_full:
+            survival *= drafts.counts[:, None] > np.arange(self.num_positions)
         return best_budget(survival.ravel(), cap, int(num_sampling), costs)
 
     def allocate(self, slots: np.ndarray, num_drafts: np.ndarray, budget: int) -> np.ndarray:
         """Admitted drafts per request: the budget's slots of highest fresh survival."""
         slots = self._check_slots(slots)
-        drafts = self._check_drafts(num_drafts, slots.shape[0])
-        total = int(drafts.sum())
-        if not 0 <= budget <= total:
-            raise ValueError(f"budget must be in [0, {total}] (the scheduled drafts), got {budget}")
-        if budget == total:
-            return drafts.copy()
+        drafts = as_draft_counts("num_drafts", num_drafts, slots.shape[0], self.num_positions)
+        if not 0 <= budget <= drafts.total:
+            raise ValueError(
+                f"budget must be in [0, {drafts.total}] (the scheduled drafts), got {budget}"
+            )
+        if budget == drafts.total:
+            return drafts.counts.astype(np.int64)
         if budget == 0:
             return np.zeros(slots.shape[0], dtype=np.int64)
-        survival = self._fresh.take(slots, axis=1)
-        zero_unscheduled(survival, drafts)
-        return admit_top_slots(survival, drafts, budget)
+        survival = self._fresh.take(slots, axis=0).T.copy()  # [K, num_reqs], position-major
+        if not drafts.is_full:
+            zero_unscheduled(survival, drafts.counts)
+        return admit_top_slots(survival, drafts.counts, budget)
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_num_slots:
             raise ValueError(f"slot must be in [0, {self.max_num_slots}), got {slot}")
 
     def _check_slots(self, slots: np.ndarray) -> np.ndarray:
-        slots = as_int_vector("slots", slots)
+        slots = as_counts("slots", slots)
         if slots.size and (slots.max() >= self.max_num_slots or not self._is_active[slots].all()):
             inactive = [int(s) for s in slots if s >= self.max_num_slots or not self._is_active[s]]
             raise ValueError(f"slots {inactive} hold no request; call add_request first")
         return slots
-
-    def _check_drafts(self, num_drafts: np.ndarray, num_reqs: int) -> np.ndarray:
-        drafts = as_int_vector("num_drafts", num_drafts, num_reqs)
-        check_drafts_fit("num_drafts", drafts, self.num_positions)
-        return drafts
