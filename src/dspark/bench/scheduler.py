@@ -32,6 +32,9 @@ from dspark.scheduling import (
     build_cost_tables,
     choose_draft_budget,
 )
+from dspark.scheduling._checks import as_confidences, as_counts, as_draft_counts
+from dspark.scheduling.budget import best_budget
+from dspark.scheduling.survival import survival_by_position
 
 NUM_POSITIONS = 7
 PROFILE_CONTEXT = 8192
@@ -47,6 +50,7 @@ class BenchConfig:
     seed: int = 0
     torch_device: str | None = "cpu"
     out_dir: Path = Path("results")
+    breakdown: bool = False
 
     def __post_init__(self) -> None:
         if not self.sizes or min(self.sizes) < 1:
@@ -183,6 +187,8 @@ def bench_size(config: BenchConfig, num_reqs: int, tables: CostTables) -> SizeRe
         "verifier_plan": plan_only,
         "verifier_step": engine_step,
     }
+    if config.breakdown:
+        cases |= _budget_parts(batches, tables, num_reqs)
     if config.torch_device and config.torch_device != "cuda":
         cases[f"torch_allocate_{config.torch_device}"] = _torch_allocate_cpu(
             config.torch_device, batches, allocation_budget
@@ -191,6 +197,27 @@ def bench_size(config: BenchConfig, num_reqs: int, tables: CostTables) -> SizeRe
     if config.torch_device == "cuda":
         result.us |= _torch_allocate_cuda_us(batches, allocation_budget, config.repeats)
     return result
+
+
+def _budget_parts(
+    batches: Sequence[Batch], tables: CostTables, num_reqs: int
+) -> dict[str, Callable[[Batch], object]]:
+    """The pieces of one ``choose_draft_budget`` call, timed separately."""
+    cap = num_reqs * NUM_POSITIONS
+    costs = tables.step_costs_ms(num_reqs, num_reqs, cap)
+    scores = {id(b): survival_by_position(b.stale, b.num_drafts, True).ravel() for b in batches}
+
+    def checks(b: Batch) -> object:
+        as_confidences("c", b.stale)
+        as_draft_counts("d", b.num_drafts, num_reqs, NUM_POSITIONS)
+        return int(as_counts("t", b.num_non_draft, num_reqs).sum())
+
+    return {
+        "part_checks": checks,
+        "part_survival": lambda b: survival_by_position(b.stale, b.num_drafts, True),
+        "part_costs": lambda b: tables.step_costs_ms(num_reqs, num_reqs, cap),
+        "part_search": lambda b: best_budget(scores[id(b)], cap, num_reqs, costs),
+    }
 
 
 def _torch_inputs(device: str, batches: Sequence[Batch], budgets: dict[int, int]) -> dict:
@@ -313,6 +340,7 @@ def _plot(results: Sequence[SizeResult], path: Path) -> None:
     for name in results[0].us:
         ax.plot(sizes, [r.us[name] for r in results], marker="o", label=name)
     ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(n) for n in sizes])
     ax.set_yscale("log")
     ax.set_xlabel(f"requests in the batch (K = {NUM_POSITIONS})")
     ax.set_ylabel("median µs per call")
@@ -340,6 +368,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="device for the torch allocation (cpu, cuda); 'none' skips it",
     )
     parser.add_argument("--out-dir", type=Path, default=defaults.out_dir)
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time the parts of a budget call (checks, survival, costs, search)",
+    )
 
 
 def main(args: argparse.Namespace) -> None:
@@ -351,7 +384,13 @@ def main(args: argparse.Namespace) -> None:
             print("torch is not installed: skipping the torch allocation")
             device = None
     config = BenchConfig(
-        tuple(args.sizes), args.num_inputs, args.repeats, args.seed, device, args.out_dir
+        tuple(args.sizes),
+        args.num_inputs,
+        args.repeats,
+        args.seed,
+        device,
+        args.out_dir,
+        args.breakdown,
     )
     results = run(config)
     print(format_table(results))

@@ -11,15 +11,14 @@ from __future__ import annotations
 import torch
 
 
-def survival_by_position_torch(confidences: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
-    """float64 ``[K, num_reqs]`` survival, unscheduled slots zeroed (running product
-    taken left to right, as the NumPy version does, so both agree bit for bit)."""
-    survival = confidences.t().to(torch.float64).contiguous()  # [K, num_reqs]
-    positions = torch.arange(survival.shape[0], device=survival.device)[:, None]  # [K, 1]
-    survival.mul_(positions < num_drafts[None, :])
-    for k in range(1, survival.shape[0]):
-        survival[k].mul_(survival[k - 1])
-    return survival
+def survival_by_position_torch(
+    confidences: torch.Tensor, is_scheduled: torch.Tensor
+) -> torch.Tensor:
+    """float64 ``[K, num_reqs]`` survival, unscheduled slots zeroed. The running product
+    along K runs per column, left to right, as the NumPy version's does, so both agree
+    bit for bit."""
+    survival = confidences.t().to(torch.float64) * is_scheduled  # [K, num_reqs]
+    return torch.cumprod(survival, dim=0)
 
 
 def allocate_drafts_torch(
@@ -41,20 +40,20 @@ def allocate_drafts_torch(
         )
     if budget < 0:
         raise ValueError(f"budget must be non-negative, got {budget}")
+    num_reqs, num_positions = confidences.shape
     num_drafts = num_drafts.to(torch.int64)
     if budget == 0:
         return torch.zeros_like(num_drafts)
-    survival = survival_by_position_torch(confidences, num_drafts)
-    num_positions, num_reqs = survival.shape
-    if budget >= survival.numel():
+    if budget >= num_reqs * num_positions:
         return num_drafts.clone()
-    flat = survival.view(-1)  # position-major: slot (k, r) at k * num_reqs + r
-    threshold = torch.topk(flat, budget, sorted=False).values.min()
+    positions = torch.arange(num_positions, device=confidences.device)
+    is_scheduled = positions[:, None] < num_drafts[None, :]  # [K, num_reqs]
+    flat = survival_by_position_torch(confidences, is_scheduled).view(-1)  # (k, r) at k*n + r
+    # The budget-th largest survival: the (num_slots - budget + 1)-th smallest.
+    threshold = torch.kthvalue(flat, flat.shape[0] - budget + 1).values
     above = flat > threshold
-    missing = budget - above.sum()
-    # Slots equal to the threshold win in flat order, i.e. by position, then request.
-    ties = flat == threshold
-    positions = torch.arange(num_positions, device=flat.device).repeat_interleave(num_reqs)
-    ties &= positions < num_drafts.repeat(num_positions)  # a zero may be unscheduled
-    wins = above | (ties & (torch.cumsum(ties, dim=0) <= missing))
+    # Slots equal to the threshold win in flat order, i.e. by position, then request; a
+    # zero may be an unscheduled slot, which never wins.
+    ties = (flat == threshold) & is_scheduled.view(-1)
+    wins = above | (ties & (torch.cumsum(ties, dim=0) <= budget - above.sum()))
     return wins.view(num_positions, num_reqs).sum(dim=0)

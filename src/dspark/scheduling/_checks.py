@@ -55,8 +55,16 @@ def as_draft_counts(name: str, values: object, length: int, num_positions: int) 
         raise ValueError(
             f"{name} must be at most K={num_positions} (the confidences' width), got {array.max()}"
         )
-    total = int(histogram @ np.arange(num_positions + 1))
+    total = int(np.add.reduce(array))
     return DraftCounts(array, total, bool(histogram[num_positions] == length))
+
+
+# For IEEE floats in [+0, 1], the bit pattern read as an unsigned integer is at most that
+# of 1.0; a sign bit, NaN or anything above one reads larger. One reduction checks all.
+_ONE_BITS = {
+    np.dtype(np.float32): (np.uint32, np.uint32(0x3F800000)),
+    np.dtype(np.float64): (np.uint64, np.uint64(0x3FF0000000000000)),
+}
 
 
 def as_confidences(name: str, values: object) -> np.ndarray:
@@ -67,6 +75,11 @@ def as_confidences(name: str, values: object) -> np.ndarray:
     if array.dtype.kind not in "fiub":
         raise ValueError(f"{name} must be numeric, got dtype {array.dtype}")
     if array.size:
+        bits = _ONE_BITS.get(array.dtype)
+        if bits is not None and array.flags.c_contiguous:
+            unsigned, one = bits
+            if np.maximum.reduce(array.view(unsigned), axis=None) <= one:
+                return array
         low, high = array.min(), array.max()
         # NaN fails both comparisons, so it is reported here too.
         if not (low >= 0.0 and high <= 1.0):
