@@ -202,6 +202,7 @@ def _plot(result: SweepResult, out: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     points = _main_runs(result)
     domains = sorted({p[0] for p in points})
@@ -243,6 +244,8 @@ def _plot(result: SweepResult, out: Path) -> list[Path]:
                 if kind == "pareto":
                     ax.set_xscale("log")
                     ax.set_yscale("log")
+                    ax.xaxis.set_minor_formatter(NullFormatter())
+                    ax.yaxis.set_minor_formatter(NullFormatter())
                     ax.set_xlabel("per-user tok/s")
                     ax.set_ylabel("aggregate tok/s")
                 else:
@@ -251,6 +254,7 @@ def _plot(result: SweepResult, out: Path) -> list[Path]:
                     ax.set_xlabel("concurrency")
                     if kind == "throughput":
                         ax.set_yscale("log")
+                        ax.yaxis.set_minor_formatter(NullFormatter())
                         ax.set_ylabel("aggregate tok/s")
                     else:
                         ax.set_ylabel("tok/s / best fixed K")
