@@ -11,6 +11,7 @@ from collections.abc import Sequence
 SUBCOMMANDS = {
     "bench-scheduler": ("dspark.bench.scheduler", "time the per-step scheduling decisions"),
     "simulate": ("dspark.sim.cli", "compare verification policies on measured step costs"),
+    "generate": ("dspark.engine.cli", "generate text for a prompt with the reference engine"),
 }
 
 

@@ -1,0 +1,367 @@
+"""The reference engine: continuous batching, chunked prefill, speculative decoding.
+
+One ``step()``: the scheduler picks the batch; the drafter proposes drafts for decoding
+requests; adaptive verification (stale budget, fresh allocation) or a fixed K decides how
+many each verifies; one packed forward computes every scheduled token; verification
+accepts drafts and emits tokens; rejected positions roll back in O(1).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dspark.engine.kv_cache import PagedKVCache
+from dspark.engine.request import FinishReason, PromptTooLongError, Request
+from dspark.engine.sampling import SamplingParams
+from dspark.engine.scheduler import ScheduledChunk, Scheduler
+from dspark.engine.speculative import Drafter, NgramDrafter, OnlineAcceptance, Proposal, verify
+from dspark.models.loader import LoadedModel
+from dspark.scheduling import AdaptiveVerifier, StepCostModel
+
+
+class SpecMode(str, enum.Enum):
+    NONE = "none"
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's positions, up to the KV cache
+    kv_cache_tokens: int = 65536
+    block_size: int = 16
+    spec: SpecMode = SpecMode.NONE
+    num_drafts: int = 4  # K: drafts proposed per decoding request
+    seed: int = 0
+    profile_path: str | None = None  # adaptive: load the cost profile from / save it to here
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", SpecMode(self.spec))
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.spec is not SpecMode.NONE and self.num_drafts < 1:
+            raise ValueError(
+                f"num_drafts (K) must be at least 1 with speculation, got {self.num_drafts}"
+            )
+        if self.max_model_len is not None and not 1 < self.max_model_len <= self.kv_cache_tokens:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) must be at least 2 and fit "
+                f"kv_cache_tokens ({self.kv_cache_tokens})"
+            )
+
+
+@dataclass
+class EngineStats:
+    num_steps: int = 0
+    num_decode_rounds: int = 0
+    num_verified: int = 0  # admitted drafts + 1 per decode round
+    num_accepted: int = 0  # accepted drafts + 1 per decode round
+    num_generated: int = 0
+    forward_ms: list[float] = field(default_factory=list)
+    drafter_ms: list[float] = field(default_factory=list)
+    budgets: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens per decode round, the bonus token included."""
+        return self.num_accepted / self.num_decode_rounds if self.num_decode_rounds else 0.0
+
+    @property
+    def verified_per_step(self) -> float:
+        """Tokens verified per request per decode round (admitted drafts + 1)."""
+        return self.num_verified / self.num_decode_rounds if self.num_decode_rounds else 0.0
+
+
+class LLMEngine:
+    """``add_request`` / ``step`` over a loaded model."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig | None = None,
+        drafter: Drafter | None = None,
+        cost_model: StepCostModel | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.config = config = config or EngineConfig()
+        positions = loaded.config.max_position
+        self.max_model_len = config.max_model_len or min(positions, config.kv_cache_tokens)
+        if self.max_model_len > positions:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's {positions} positions"
+            )
+        param = next(self.model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.cache = PagedKVCache(
+            loaded.config,
+            config.kv_cache_tokens // config.block_size,
+            config.block_size,
+            self.dtype,
+            self.device,
+        )
+        self.scheduler = Scheduler(
+            self.cache,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            on_admit=self._on_admit,
+            on_release=self._on_release,
+        )
+        self.stop_ids = loaded.stop_token_ids
+        self.stats = EngineStats()
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        self.drafter: Drafter | None = None
+        self.verifier: AdaptiveVerifier | None = None
+        if config.spec is not SpecMode.NONE:
+            self.drafter = drafter or NgramDrafter(config.num_drafts)
+            if self.drafter.num_positions < config.num_drafts:
+                raise ValueError(
+                    f"K={config.num_drafts} exceeds the drafter's block of "
+                    f"{self.drafter.num_positions}; lower --k"
+                )
+            self.acceptance = OnlineAcceptance(config.num_drafts)
+        if config.spec is SpecMode.ADAPTIVE:
+            if cost_model is None:
+                from dspark.engine.profiling import profile_engine
+
+                cost_model = profile_engine(self, path=self.config.profile_path).tables
+            self.verifier = AdaptiveVerifier(
+                config.max_num_seqs,
+                config.num_drafts,
+                cost_model,
+                max_total_logits=config.max_num_seqs * (config.num_drafts + 1),
+            )
+
+    # ---- requests -------------------------------------------------------------------
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Request:
+        """Queue a request. Raises ``PromptTooLongError`` (a ``ValueError``) if the prompt
+        cannot fit the context, ``ValueError`` for a duplicate id or an empty prompt."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {len(ids)} tokens; the context holds {self.max_model_len} "
+                "(prompt plus at least one generated token)"
+            )
+        generator = None
+        if not params.is_greedy:
+            generator = torch.Generator(device=self.device)
+            seed = (
+                params.seed
+                if params.seed is not None
+                else self.config.seed * 1_000_003 + len(self.requests)
+            )
+            generator.manual_seed(seed)
+        request = Request(request_id, ids, params, time.perf_counter(), generator=generator)
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+        return request
+
+    def abort(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is not None and not request.is_finished:
+            self._finish(request, FinishReason.ABORT)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def _on_admit(self, request: Request) -> None:
+        if self.verifier is not None:
+            self.verifier.add_request(request.slot)
+
+    def _on_release(self, request: Request) -> None:
+        if self.verifier is not None:
+            self.verifier.remove_request(request.slot)
+        if self.drafter is not None:
+            self.drafter.on_finished(request)
+
+    # ---- one step -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[Request]:
+        """Run one engine step; returns the requests that got tokens or finished."""
+        room = self.config.num_drafts if self.drafter is not None else 0
+        chunks = self.scheduler.schedule(room)
+        if not chunks:
+            return []
+        drafts = self._draft(chunks)
+        tokens, positions, num_cached, num_query = [], [], [], []
+        for chunk, extra in zip(chunks, drafts, strict=True):
+            request = chunk.request
+            start = request.num_computed
+            tokens += request.all_ids[start : start + chunk.num_tokens] + extra
+            count = chunk.num_tokens + len(extra)
+            positions.append(np.arange(start, start + count))
+            num_cached.append(start)
+            num_query.append(count)
+        num_query_np = np.array(num_query)
+        ends = np.cumsum(num_query_np)
+        rows, owners = [], []
+        for i, (chunk, extra) in enumerate(zip(chunks, drafts, strict=True)):
+            if chunk.samples:
+                count = len(extra) + 1
+                rows.extend(range(ends[i] - count, ends[i]))
+                owners.append((i, count))
+        batch = self.cache.attention_batch(
+            [c.request.table for c in chunks], np.array(num_cached), num_query_np
+        )
+        start_time = self._clock()
+        hidden, _ = self.model(
+            torch.tensor(tokens, device=self.device),
+            torch.from_numpy(np.concatenate(positions)).to(self.device),
+            batch,
+            self.cache.layers,
+        )
+        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]) if rows else None
+        self.stats.forward_ms.append(self._clock() - start_time)
+        return self._apply(chunks, drafts, logits, owners)
+
+    def _draft(self, chunks: list[ScheduledChunk]) -> list[list[int]]:
+        drafts: list[list[int]] = [[] for _ in chunks]
+        if self.drafter is None:
+            return drafts
+        decode_index = [i for i, c in enumerate(chunks) if c.is_decode]
+        if not decode_index:
+            return drafts
+        limits = np.array([self._draft_limit(chunks[i]) for i in decode_index])
+        start = self._clock()
+        proposal: Proposal = self.drafter.propose([chunks[i].request for i in decode_index], limits)
+        self.stats.drafter_ms.append(self._clock() - start)
+        for i, proposed, limit in zip(decode_index, proposal.tokens, limits, strict=True):
+            drafts[i] = list(proposed[:limit])
+        if self.verifier is not None:
+            self._admit_adaptively(chunks, drafts, decode_index, proposal)
+        return drafts
+
+    def _draft_limit(self, chunk: ScheduledChunk) -> int:
+        request = chunk.request
+        left = min(
+            request.params.max_tokens - len(request.output_ids),
+            self.max_model_len - request.num_tokens,
+        )
+        return max(0, min(self.config.num_drafts, chunk.draft_room, left - 1))
+
+    def _admit_adaptively(
+        self,
+        chunks: list[ScheduledChunk],
+        drafts: list[list[int]],
+        decode_index: list[int],
+        proposal: Proposal,
+    ) -> None:
+        """Stale budget, fresh allocation (``dspark.scheduling.verifier``)."""
+        k = self.config.num_drafts
+        decoding = np.array([chunks[i].request.slot for i in decode_index])
+        confidences = proposal.confidences
+        if confidences is None:
+            confidences = self.acceptance.confidences(len(decode_index))
+        self.verifier.record(decoding, np.asarray(confidences)[:, :k])
+        slots = np.array([c.request.slot for c in chunks])
+        num_drafts = np.array([len(d) for d in drafts])
+        non_draft = np.array([c.num_tokens for c in chunks])
+        num_sampling = sum(c.samples for c in chunks)
+        context = sum(c.request.num_computed for c in chunks)
+        budget = self.verifier.plan(slots, num_drafts, non_draft, num_sampling, context)
+        admitted = self.verifier.allocate(slots, num_drafts, budget)
+        self.stats.budgets.append(budget)
+        for i, count in enumerate(admitted):
+            drafts[i] = drafts[i][:count]
+
+    def _apply(
+        self,
+        chunks: list[ScheduledChunk],
+        drafts: list[list[int]],
+        logits: torch.Tensor | None,
+        owners: list[tuple[int, int]],
+    ) -> list[Request]:
+        self.stats.num_steps += 1
+        touched = []
+        offset = 0
+        sampled: dict[int, torch.Tensor] = {}
+        for i, count in owners:
+            sampled[i] = logits[offset : offset + count]
+            offset += count
+        admitted, accepted = [], []
+        for i, (chunk, extra) in enumerate(zip(chunks, drafts, strict=True)):
+            request = chunk.request
+            if i not in sampled:
+                request.num_computed += chunk.num_tokens
+                continue
+            is_decode = chunk.is_decode
+            num_accepted, new_tokens = verify(
+                sampled[i], extra, None, request.params, request.generator
+            )
+            request.num_computed += chunk.num_tokens + num_accepted
+            if is_decode and self.drafter is not None:
+                request.num_rounds += 1
+                request.num_drafts_verified += len(extra)
+                request.num_drafts_accepted += num_accepted
+                self.stats.num_decode_rounds += 1
+                self.stats.num_verified += len(extra) + 1
+                self.stats.num_accepted += num_accepted + 1
+                admitted.append(len(extra))
+                accepted.append(num_accepted)
+                self.drafter.on_verified(request, num_accepted)
+            self._emit(request, new_tokens)
+            touched.append(request)
+        if admitted:
+            self.acceptance.update(np.array(admitted), np.array(accepted))
+        return touched
+
+    def _emit(self, request: Request, new_tokens: list[int]) -> None:
+        """Append tokens one by one, stopping at EOS, a stop string or a length limit."""
+        if request.first_token_time is None:
+            request.first_token_time = time.perf_counter()
+        params = request.params
+        reason = None
+        for token in new_tokens:
+            if token in self.stop_ids and not params.ignore_eos:
+                reason = FinishReason.STOP
+                break
+            request.output_ids.append(token)
+            self.stats.num_generated += 1
+            if params.stop:
+                text = self.tokenizer.decode(request.output_ids, skip_special_tokens=True)
+                cut = min((text.find(s) for s in params.stop if s in text), default=-1)
+                if cut >= 0:
+                    request.stop_at = cut
+                    reason = FinishReason.STOP
+                    break
+            if (
+                len(request.output_ids) >= params.max_tokens
+                or request.num_tokens >= self.max_model_len
+            ):
+                reason = FinishReason.LENGTH
+                break
+        if reason is not None:
+            self._finish(request, reason)
+
+    def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        request.finish_reason, request.error = reason, error
+        request.finish_time = time.perf_counter()
+        request.text = self.tokenizer.decode(request.output_ids, skip_special_tokens=True)
+        if request.stop_at is not None:
+            request.text = request.text[: request.stop_at]
+        self.scheduler.finish(request)
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() * 1e3

@@ -1,0 +1,107 @@
+"""Paged KV cache: fixed-size blocks of cache rows, a block table per request.
+
+A request's token at position p lives in row ``table[p // block_size] * block_size +
+p % block_size``. Rejected draft tokens are rolled back by lowering the request's computed
+length (O(1)): their rows are simply overwritten later. Blocks return to the pool when a
+request finishes or is preempted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dspark.models.config import ModelConfig
+from dspark.models.llama import AttentionBatch
+
+
+@dataclass
+class BlockTable:
+    blocks: list[int] = field(default_factory=list)
+
+    def rows(self, positions: np.ndarray, block_size: int) -> np.ndarray:
+        table = np.asarray(self.blocks, dtype=np.int64)
+        return table[positions // block_size] * block_size + positions % block_size
+
+
+class PagedKVCache:
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int = 16,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need at least one block of one row, got {num_blocks} x {block_size}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        rows = num_blocks * block_size
+        shape = (rows, config.num_kv_heads, config.head_dim)
+        self.layers = [
+            (
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+            )
+            for _ in range(config.num_layers)
+        ]
+        self._free = list(range(num_blocks - 1, -1, -1))
+        self.device = torch.device(device)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def blocks_needed(self, table: BlockTable, num_tokens: int) -> int:
+        return max(0, -(-num_tokens // self.block_size) - len(table.blocks))
+
+    def reserve(self, table: BlockTable, num_tokens: int) -> bool:
+        """Grow ``table`` to hold ``num_tokens`` tokens; False (and no change) if the
+        pool cannot."""
+        needed = self.blocks_needed(table, num_tokens)
+        if needed > len(self._free):
+            return False
+        for _ in range(needed):
+            table.blocks.append(self._free.pop())
+        return True
+
+    def release(self, table: BlockTable) -> None:
+        self._free.extend(reversed(table.blocks))
+        table.blocks.clear()
+
+    def attention_batch(
+        self,
+        tables: list[BlockTable],
+        num_cached: np.ndarray,  # [R] tokens already in the cache per request
+        num_query: np.ndarray,  # [R] tokens computed this step per request
+    ) -> AttentionBatch:
+        """Cache rows to write and read, and the causal mask, for one packed step."""
+        total = num_cached + num_query
+        max_len, max_query = int(total.max()), int(num_query.max())
+        num_reqs = len(tables)
+        read = np.zeros((num_reqs, max_len), dtype=np.int64)
+        write = []
+        for r, table in enumerate(tables):
+            rows = table.rows(np.arange(total[r]), self.block_size)
+            read[r, : total[r]] = rows
+            write.append(rows[num_cached[r] :])
+        starts = np.concatenate(([0], np.cumsum(num_query)[:-1]))
+        offsets = np.arange(max_query)
+        query_valid = offsets[None, :] < num_query[:, None]
+        query_index = np.where(query_valid, starts[:, None] + offsets[None, :], 0)
+        query_pos = num_cached[:, None] + offsets[None, :]  # absolute position of each query
+        key_pos = np.arange(max_len)
+        mask = key_pos[None, None, :] <= query_pos[:, :, None]  # causal
+        mask &= query_valid[:, :, None]
+        mask[:, :, 0] = True  # padded queries attend somewhere (their output is dropped)
+        device = self.device
+        return AttentionBatch(
+            write_index=torch.from_numpy(np.concatenate(write)).to(device),
+            read_index=torch.from_numpy(read).to(device),
+            mask=torch.from_numpy(mask[:, None]).to(device),
+            query_index=torch.from_numpy(query_index).to(device),
+            query_valid=torch.from_numpy(query_valid).to(device),
+        )

@@ -1,0 +1,152 @@
+"""The start-up cost profile (the seed's plan) and its JSON cache.
+
+Dummy steps of every profiled token count, split over ``min(tokens, max_num_seqs)``
+requests that each have ``profile_context`` tokens cached, replayed a few times; the
+per-size medians become the cost tables of adaptive verification. Eager execution pads
+nothing, so the profile treats only size 1 as "captured" and interpolates every larger
+size between profiled points (``cudagraph_limit = 1``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from dspark.engine.kv_cache import BlockTable
+from dspark.engine.request import Request
+from dspark.engine.sampling import SamplingParams
+from dspark.scheduling import (
+    PROFILE_REPLAYS,
+    CostTables,
+    StepTiming,
+    build_cost_tables,
+    cost_curves,
+    profile_sizes,
+)
+
+if TYPE_CHECKING:
+    from dspark.engine.engine import LLMEngine
+
+EAGER_CAPTURE_SIZES = [1]
+
+
+@dataclass
+class EngineProfile:
+    samples: list[StepTiming]
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    cudagraph_limit: int
+    profile_context: int
+    model: str
+    device: str
+    dtype: str
+
+    @property
+    def tables(self) -> CostTables:
+        draft, verify = cost_curves(self.samples)
+        return build_cost_tables(
+            draft, verify, self.max_num_seqs, self.max_num_batched_tokens, self.cudagraph_limit
+        )
+
+    def save(self, path: Path) -> None:
+        payload = asdict(self)
+        payload["samples"] = [asdict(s) for s in self.samples]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> EngineProfile:
+        try:
+            payload = json.loads(Path(path).read_text())
+            payload["samples"] = [StepTiming(**s) for s in payload["samples"]]
+            return cls(**payload)
+        except (OSError, json.JSONDecodeError, TypeError, KeyError) as error:
+            raise ValueError(f"cannot read the engine profile {path}: {error}") from None
+
+    def matches(self, engine: LLMEngine) -> bool:
+        config = engine.config
+        return (
+            self.max_num_seqs == config.max_num_seqs
+            and self.max_num_batched_tokens == config.max_num_batched_tokens
+            and self.model == str(engine.loaded.path)
+            and self.device == engine.device.type
+            and self.dtype == str(engine.dtype)
+        )
+
+
+def profile_engine(
+    engine: LLMEngine, profile_context: int = 128, path: Path | None = None
+) -> EngineProfile:
+    """Profile ``engine`` (or load a matching profile from ``path``; save it there)."""
+    if path is not None and Path(path).is_file():
+        profile = EngineProfile.load(path)
+        if profile.matches(engine):
+            return profile
+    config = engine.config
+    samples = []
+    rng = np.random.default_rng(0)
+    for size in profile_sizes(EAGER_CAPTURE_SIZES, config.max_num_batched_tokens):
+        num_reqs = min(size, config.max_num_seqs)
+        query = np.full(num_reqs, size // num_reqs)
+        query[: size % num_reqs] += 1
+        context = min(profile_context, engine.max_model_len - int(query.max()))
+        for _ in range(PROFILE_REPLAYS):
+            forward_ms, drafter_ms = _dummy_step(engine, query, context, rng)
+            samples.append(StepTiming(num_reqs, size, forward_ms, drafter_ms, True))
+    profile = EngineProfile(
+        samples,
+        config.max_num_seqs,
+        config.max_num_batched_tokens,
+        EAGER_CAPTURE_SIZES[-1],
+        profile_context,
+        str(engine.loaded.path),
+        engine.device.type,
+        str(engine.dtype),
+    )
+    if path is not None:
+        profile.save(Path(path))
+    return profile
+
+
+@torch.inference_mode()
+def _dummy_step(
+    engine: LLMEngine, query: np.ndarray, context: int, rng: np.random.Generator
+) -> tuple[float, float]:
+    cache = engine.cache
+    tables = [BlockTable() for _ in query]
+    try:
+        for table, q in zip(tables, query, strict=True):
+            if not cache.reserve(table, context + int(q)):
+                raise ValueError(
+                    "the KV cache is too small to profile; raise kv_cache_tokens or lower "
+                    "max_num_batched_tokens"
+                )
+        vocab = engine.loaded.config.vocab_size
+        num_tokens = int(query.sum())
+        tokens = torch.from_numpy(rng.integers(0, vocab, num_tokens)).to(engine.device)
+        positions = torch.from_numpy(
+            np.concatenate([np.arange(context, context + q) for q in query])
+        )
+        batch = cache.attention_batch(tables, np.full(len(query), context), query)
+        start = engine._clock()
+        hidden, _ = engine.model(tokens, positions.to(engine.device), batch, cache.layers)
+        engine.model.logits(hidden[-len(query) :])
+        forward_ms = engine._clock() - start
+        drafter_ms = 0.0
+        if engine.drafter is not None:
+            dummies = [
+                Request("profile", rng.integers(0, vocab, context).tolist(), SamplingParams(), 0.0)
+                for _ in query
+            ]
+            start = engine._clock()
+            engine.drafter.propose(dummies, np.full(len(query), engine.config.num_drafts))
+            drafter_ms = engine._clock() - start
+        return forward_ms, drafter_ms
+    finally:
+        for table in tables:
+            cache.release(table)

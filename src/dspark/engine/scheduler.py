@@ -1,0 +1,117 @@
+"""Continuous batching: who runs this step and how many tokens each computes.
+
+Running requests go first, oldest first: a decode computes one token plus room for
+``draft_room`` drafts, a request still prefilling computes a chunk. Waiting requests are
+admitted (first come, first served) while there is a free sequence slot, token budget and
+cache. When the cache cannot hold a running request's next tokens, the newest running
+request is preempted: its blocks are freed and it waits at the front of the queue to be
+recomputed. Nothing is ever dropped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dspark.engine.kv_cache import PagedKVCache
+from dspark.engine.request import Request
+
+
+@dataclass
+class ScheduledChunk:
+    request: Request
+    num_tokens: int  # non-draft tokens computed this step (1 for a decode)
+    draft_room: int = 0  # drafts this decode may add (token budget and cache reserved)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.request.num_tokens - self.request.num_computed == 1
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step produces a token for the request (its chunk ends the prompt)."""
+        return self.request.num_computed + self.num_tokens == self.request.num_tokens
+
+
+class Scheduler:
+    def __init__(
+        self,
+        cache: PagedKVCache,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        on_admit: Callable[[Request], None] = lambda request: None,
+        on_release: Callable[[Request], None] = lambda request: None,
+    ) -> None:
+        self.cache = cache
+        self.on_admit, self.on_release = on_admit, on_release
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.free_slots = list(range(max_num_seqs - 1, -1, -1))
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self, draft_room: int) -> list[ScheduledChunk]:
+        budget = self.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            todo = request.num_tokens - request.num_computed
+            num_tokens = 1 if todo == 1 else min(todo, budget)
+            room = min(draft_room, budget - 1) if todo == 1 else 0
+            if not self._reserve(request, request.num_computed + num_tokens + room):
+                continue  # the request itself was preempted; index now points at the next
+            chunks.append(ScheduledChunk(request, num_tokens, room))
+            budget -= num_tokens + room
+            index += 1
+        while self.waiting and budget > 0 and self.free_slots:
+            request = self.waiting[0]
+            num_tokens = min(request.num_tokens - request.num_computed, budget)
+            if not self.cache.reserve(request.table, request.num_computed + num_tokens):
+                break
+            self.waiting.popleft()
+            request.slot = self.free_slots.pop()
+            self.running.append(request)
+            self.on_admit(request)
+            chunks.append(ScheduledChunk(request, num_tokens))
+            budget -= num_tokens
+        return chunks
+
+    def _reserve(self, request: Request, num_tokens: int) -> bool:
+        """Cache room for ``num_tokens``, preempting newer requests if needed; False if
+        ``request`` itself had to go."""
+        while not self.cache.reserve(request.table, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.cache.release(request.table)
+        request.num_computed = 0
+        request.num_preemptions += 1
+        self._free_slot(request)
+        self.waiting.appendleft(request)
+
+    def finish(self, request: Request) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.cache.release(request.table)
+        self._free_slot(request)
+
+    def _free_slot(self, request: Request) -> None:
+        if request.slot is not None:
+            self.on_release(request)
+            self.free_slots.append(request.slot)
+            request.slot = None

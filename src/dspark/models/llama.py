@@ -1,0 +1,194 @@
+"""A Llama-family decoder in plain PyTorch, run over packed variable-length batches.
+
+One forward takes every scheduled token of every request as one flat sequence (prompt
+chunks, decode tokens and draft tokens alike): the dense layers see ``[num_tokens,
+hidden]``, so their cost follows the total token count. Attention reads each request's
+cached keys and values through ``AttentionBatch`` (see ``dspark.engine.kv_cache``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark.models.config import ModelConfig
+
+
+@dataclass
+class AttentionBatch:
+    """Where the packed tokens sit: filled by the engine once per step, shared by layers.
+
+    ``write_index[t]`` is the cache row that token t's key/value go to; ``read_index`` is
+    ``[num_reqs, max_len]`` cache rows each request attends over (padded rows masked out
+    by ``mask``); ``query_index`` scatters the packed queries into ``[num_reqs,
+    max_query]`` and ``query_valid`` marks the real ones.
+    """
+
+    write_index: torch.Tensor  # [T]
+    read_index: torch.Tensor  # [R, max_len]
+    mask: torch.Tensor  # [R, 1, max_query, max_len] bool, True = attend
+    query_index: torch.Tensor  # [R, max_query] index into the packed tokens
+    query_valid: torch.Tensor  # [R, max_query] bool
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+class Rotary(nn.Module):
+    """RoPE, Hugging Face layout (the two halves of each head rotate together)."""
+
+    def __init__(self, head_dim: int, theta: float, max_position: int) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        angles = torch.outer(torch.arange(max_position, dtype=torch.float64), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, hidden]
+        positions: torch.Tensor,  # [T]
+        rotary: Rotary,
+        batch: AttentionBatch,
+        k_cache: torch.Tensor,  # [num_rows, kv_heads, D]
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q = self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(q, positions), rotary(k, positions)
+        k_cache.index_copy_(0, batch.write_index, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, batch.write_index, v.to(v_cache.dtype))
+        keys = k_cache[batch.read_index].transpose(1, 2)  # [R, kv_heads, max_len, D]
+        values = v_cache[batch.read_index].transpose(1, 2)
+        queries = q[batch.query_index].transpose(1, 2)  # [R, heads, max_query, D]
+        out = F.scaled_dot_product_attention(
+            queries,
+            keys.to(q.dtype),
+            values.to(q.dtype),
+            attn_mask=batch.mask,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )  # [R, heads, max_query, D]
+        out = out.transpose(1, 2)[batch.query_valid]  # [T, heads, D] in packed order
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaModel(nn.Module):
+    """Decoder weights named as in Hugging Face checkpoints (``model.*``, ``lm_head``)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config.head_dim, config.rope_theta, config.max_position)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        batch: AttentionBatch,
+        kv_cache: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        capture_layers: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Final hidden states ``[T, hidden]`` (before the LM head) and the outputs of
+        the layers in ``capture_layers`` (for a drafter's context features)."""
+        hidden = self.embed_tokens(input_ids)
+        captured = []
+        for index, layer in enumerate(self.layers):
+            k_cache, v_cache = kv_cache[index]
+            hidden = hidden + layer.self_attn(
+                layer.input_layernorm(hidden), positions, self.rotary, batch, k_cache, v_cache
+            )
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            if index in capture_layers:
+                captured.append(hidden)
+        return self.norm(hidden), captured
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> set[str]:
+        """Copy Hugging Face-named weights in; returns the names left unfilled."""
+        if self.config.tie_word_embeddings:  # moving off the meta device unties them
+            self.lm_head.weight = self.embed_tokens.weight
+        own = dict(self.named_parameters())
+        unfilled = set(own)
+        for name, tensor in state.items():
+            key = name.removeprefix("model.")
+            if key in own:
+                with torch.no_grad():
+                    own[key].copy_(tensor)
+                unfilled.discard(key)
+        if self.config.tie_word_embeddings:
+            unfilled.discard("lm_head.weight")
+        with torch.no_grad():  # meta-initialised buffers
+            fresh = Rotary(self.config.head_dim, self.config.rope_theta, self.config.max_position)
+            self.rotary.cos, self.rotary.sin = fresh.cos, fresh.sin
+        return unfilled

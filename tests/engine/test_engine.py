@@ -1,0 +1,180 @@
+import numpy as np
+import pytest
+import torch
+
+from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.llm import RequestOutput
+from dspark.engine.request import PromptTooLongError
+from dspark.engine.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+
+class RandomCost:
+    """Random non-decreasing step costs: forces arbitrary budgets through the verifier."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
+        return 1.0 + np.cumsum(self.rng.exponential(self.rng.uniform(0, 0.5), max_drafts + 1))
+
+
+def run(loaded, prompts, params=GREEDY, **config):
+    cost = config.pop("cost_model", None)
+    engine = LLMEngine(loaded, EngineConfig(**config), cost_model=cost)
+    requests = [engine.add_request(p, params) for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    return [RequestOutput.from_request(r) for r in requests], engine
+
+
+def repetitive_prompts(n, seed=0):
+    """Prompts with repeats, so the n-gram drafter finds matches and drafts."""
+    rng = np.random.default_rng(seed)
+    prompts = []
+    for i in range(n):
+        motif = rng.integers(0, 256, rng.integers(2, 6)).tolist()
+        prompts.append(
+            (motif * rng.integers(2, 8))[: 5 + 3 * i % 40] + rng.integers(0, 256, 3).tolist()
+        )
+    return prompts
+
+
+def first_divergence(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+
+
+@pytest.mark.parametrize("spec", ["fixed", "adaptive"])
+def test_greedy_speculation_equals_plain_greedy_on_a_random_model(tiny, spec):
+    prompts = repetitive_prompts(12)
+    plain, _ = run(tiny, prompts)
+    for k, seed in ((1, 0), (3, 1), (6, 2)):
+        cost = RandomCost(seed) if spec == "adaptive" else None
+        spec_out, engine = run(tiny, prompts, spec=spec, num_drafts=k, cost_model=cost)
+        assert [o.token_ids for o in spec_out] == [o.token_ids for o in plain]
+        assert engine.stats.num_decode_rounds > 0
+        assert sum(o.num_drafts_verified for o in spec_out) > 0  # drafts really were verified
+    if spec == "adaptive":
+        assert len(set(engine.stats.budgets)) > 3  # the random costs varied the budget
+
+
+def test_64_concurrent_mixed_requests_complete_with_their_single_request_outputs(tiny):
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 256, int(n)).tolist() for n in rng.integers(1, 120, 64)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=int(m), ignore_eos=True)
+        for m in rng.integers(1, 30, 64)
+    ]
+    engine = LLMEngine(
+        tiny,
+        EngineConfig(max_num_seqs=64, max_num_batched_tokens=256, spec="adaptive", num_drafts=3),
+        cost_model=RandomCost(3),
+    )
+    requests = [engine.add_request(p, q) for p, q in zip(prompts, params, strict=True)]
+    while engine.has_unfinished():
+        engine.step()
+    for request, prompt, p in zip(requests, prompts, params, strict=True):
+        alone, _ = run(tiny, [prompt], p)
+        assert request.finish_reason.value == "length"
+        assert request.output_ids == alone[0].token_ids
+        assert len(request.output_ids) == p.max_tokens
+
+
+def test_small_cache_preempts_and_still_completes_everything(tiny):
+    prompts = [list(range(i, i + 40)) for i in range(8)]
+    expected, _ = run(tiny, prompts)
+    # 12 blocks of 16 rows hold 192 tokens: not enough for 8 x 80, so requests preempt.
+    outputs, engine = run(tiny, prompts, kv_cache_tokens=192, block_size=16, max_model_len=128)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
+    assert sum(r.num_preemptions for r in engine.requests.values()) > 0
+
+
+def test_finish_reasons_eos_stop_string_and_length(tiny):
+    engine = LLMEngine(tiny, EngineConfig())
+    # Find what the model says greedily, then stop on a piece of it.
+    probe = engine.add_request(
+        [65, 66, 67], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    )
+    while engine.has_unfinished():
+        engine.step()
+    text = tiny.tokenizer.decode(probe.output_ids)
+    stop = text[5:7]
+    assert stop and stop in text
+    stopped = engine.add_request(
+        [65, 66, 67], SamplingParams(temperature=0, max_tokens=30, stop=(stop,), ignore_eos=True)
+    )
+    short = engine.add_request([65, 66, 67], SamplingParams(temperature=0, max_tokens=4))
+    while engine.has_unfinished():
+        engine.step()
+    assert stopped.finish_reason.value == "stop"
+    assert stopped.text == text[: text.find(stop)]
+    assert short.finish_reason.value == "length" and len(short.output_ids) == 4
+    # EOS (token 256): make it the argmax everywhere by boosting its logit bias.
+    with torch.no_grad():
+        tiny.model.lm_head.weight[256] = tiny.model.lm_head.weight.abs().max() * 0 + 5.0
+    eos = engine.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=10))
+    while engine.has_unfinished():
+        engine.step()
+    assert eos.finish_reason.value == "stop" and eos.output_ids == []
+
+
+def test_bad_requests_fail_alone(tiny):
+    from dspark.engine.llm import LLM
+
+    llm = LLM.__new__(LLM)
+    llm.engine, llm.tokenizer = LLMEngine(tiny, EngineConfig(max_model_len=64)), tiny.tokenizer
+    outputs = llm.generate([[1] * 80, [5, 6, 7], []], SamplingParams(temperature=0, max_tokens=3))
+    assert outputs[0].finish_reason == "error" and "64" in outputs[0].error
+    assert outputs[1].finish_reason == "length" and len(outputs[1].token_ids) == 3
+    assert outputs[2].finish_reason == "error" and "empty" in outputs[2].error
+    with pytest.raises(PromptTooLongError):
+        llm.engine.add_request([1] * 64, SamplingParams())
+    with pytest.raises(ValueError, match="already in use"):
+        llm.engine.add_request([1], SamplingParams(), request_id="x")
+        llm.engine.add_request([1], SamplingParams(), request_id="x")
+    with pytest.raises(ValueError, match="fit kv_cache_tokens"):
+        EngineConfig(max_model_len=4096, kv_cache_tokens=1024)
+    with pytest.raises(ValueError, match="sometimes"):
+        EngineConfig(spec="sometimes")
+
+
+def test_seeded_sampling_is_reproducible_and_seeds_differ(tiny):
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=20, seed=s, ignore_eos=True) for s in (1, 1, 2)
+    ]
+    outputs = [
+        run(tiny, [[10, 11, 12]], p, spec="fixed", num_drafts=3)[0][0].token_ids for p in params
+    ]
+    assert outputs[0] == outputs[1] != outputs[2]
+
+
+def test_greedy_speculation_on_smollm2_matches_plain_greedy_up_to_exact_ties(smollm2):
+    from dspark.engine.llm import LLM
+
+    prompts = [
+        "Repeat after me: the cat sat on the mat, the cat sat on the mat, the cat",
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
+    ]
+    llm = LLM.__new__(LLM)
+    llm.tokenizer = smollm2.tokenizer
+    ids = [smollm2.tokenizer.encode(p) for p in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain, _ = run(smollm2, ids, params)
+    for spec, cost in (("fixed", None), ("adaptive", RandomCost(9))):
+        spec_out, engine = run(smollm2, ids, params, spec=spec, num_drafts=4, cost_model=cost)
+        assert engine.stats.num_verified > engine.stats.num_decode_rounds  # drafts were verified
+        for p, a, b in zip(ids, plain, spec_out, strict=True):
+            i = first_divergence(a.token_ids, b.token_ids)
+            if i is None:
+                continue
+            # Only an exact numerical tie may flip: the plain run's top-2 logits at i.
+            context = torch.tensor(p + a.token_ids[:i])
+            top2 = plain_logits(smollm2, context).topk(2).values
+            assert float(top2[0] - top2[1]) < 1e-4, f"divergence at {i} is not a tie"
+
+
+def plain_logits(loaded, ids):
+    from tests.models.test_llama import packed_logits
+
+    return packed_logits(loaded, [ids.tolist()])[0][-1]
