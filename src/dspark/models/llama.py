@@ -82,6 +82,20 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_sizes = [self.num_heads * self.head_dim, kv_size, kv_size]
+        self.qkv_weight: torch.Tensor | None = None
+        self.qkv_bias: torch.Tensor | None = None
+
+    def qkv_proj(self, hidden: torch.Tensor) -> torch.Tensor:
+        """q, k and v in one matrix product (one larger GEMM reads the activations once)."""
+        if self.qkv_weight is None:
+            self.qkv_weight, self.qkv_bias = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        return F.linear(hidden, self.qkv_weight, self.qkv_bias)
+
+    def _apply(self, fn, recurse=True):  # .to() / .cuda(): re-fuse from the moved weights
+        self.qkv_weight = self.qkv_bias = None
+        return super()._apply(fn, recurse)
 
     def forward(
         self,
@@ -93,9 +107,10 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q = self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(hidden).split(self.qkv_sizes, dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(q, positions), rotary(k, positions)
@@ -115,6 +130,22 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
+def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several projections of the same input. The separate
+    weights become views of it, so the model holds each number once."""
+    weight = torch.cat([linear.weight.detach() for linear in linears])
+    has_bias = linears[0].bias is not None
+    bias = torch.cat([linear.bias.detach() for linear in linears]) if has_bias else None
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
+        if has_bias:
+            linear.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
+        start += rows
+    return weight, bias
+
+
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -122,8 +153,17 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
+        self.gate_up_weight: torch.Tensor | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is None:
+            self.gate_up_weight, _ = fuse_linears(self.gate_proj, self.up_proj)
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+    def _apply(self, fn, recurse=True):
+        self.gate_up_weight = None
+        return super()._apply(fn, recurse)
 
 
 class DecoderLayer(nn.Module):
@@ -188,6 +228,9 @@ class LlamaModel(nn.Module):
                 unfilled.discard(key)
         if self.config.tie_word_embeddings:
             unfilled.discard("lm_head.weight")
+        for layer in self.layers:  # fuse again from the new weights on first use
+            layer.self_attn.qkv_weight = layer.self_attn.qkv_bias = None
+            layer.mlp.gate_up_weight = None
         with torch.no_grad():  # meta-initialised buffers
             fresh = Rotary(self.config.head_dim, self.config.rope_theta, self.config.max_position)
             self.rotary.cos, self.rotary.sin = fresh.cos, fresh.sin
