@@ -178,3 +178,20 @@ def plain_logits(loaded, ids):
     from tests.models.test_llama import packed_logits
 
     return packed_logits(loaded, [ids.tolist()])[0][-1]
+
+
+def test_long_prompts_prefill_in_chunks_alongside_decodes(tiny):
+    long_prompt = list(np.random.default_rng(1).integers(0, 256, 300))
+    short = [5, 6, 7]
+    expected = [run(tiny, [p])[0][0].token_ids for p in (long_prompt, short)]
+    engine = LLMEngine(tiny, EngineConfig(max_num_batched_tokens=64))
+    requests = [engine.add_request(p, GREEDY) for p in (short, long_prompt)]
+    chunk_sizes = []
+    while engine.has_unfinished():
+        before = requests[1].num_computed
+        engine.step()
+        if requests[1].num_computed > before:
+            chunk_sizes.append(requests[1].num_computed - before)
+    # The 300-token prompt shares 64-token steps with the decoding short request.
+    assert max(chunk_sizes) <= 63 and len(chunk_sizes) > 5
+    assert [r.output_ids for r in requests] == [expected[1], expected[0]]

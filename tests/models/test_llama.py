@@ -97,3 +97,22 @@ def test_unsupported_models_are_clear_errors():
         ModelConfig.from_hf(tiny_config(num_key_value_heads=3))
     with pytest.raises(FileNotFoundError, match="neither"):
         load_model("/nonexistent/model")
+
+
+def test_captured_layer_outputs_match_transformers_hidden_states(tmp_path):
+    loaded = make_tiny_model(tmp_path / "m", num_hidden_layers=4)
+    ids = list(range(20, 45))
+    cache = PagedKVCache(loaded.config, 8, 8)
+    table = BlockTable()
+    assert cache.reserve(table, len(ids))
+    batch = cache.attention_batch([table], np.array([0]), np.array([len(ids)]))
+    with torch.inference_mode():
+        _, captured = loaded.model(
+            torch.tensor(ids), torch.arange(len(ids)), batch, cache.layers, capture_layers=(0, 2)
+        )
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.float32)
+    with torch.inference_mode():
+        states = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    # hidden_states[i + 1] is the output of layer i (before the final norm).
+    assert torch.allclose(captured[0], states[1][0], atol=1e-5)
+    assert torch.allclose(captured[1], states[3][0], atol=1e-5)

@@ -58,6 +58,7 @@ def run_dspark(
     llm: LLM, prompts: list[list[int]], max_tokens: int, repeats: int
 ) -> tuple[list[float], object]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
     runs = []
     for _ in range(repeats):
         llm.engine.stats.__init__()
@@ -68,30 +69,51 @@ def run_dspark(
 
 
 def run_transformers(
-    model, prompts: list[list[int]], max_tokens: int, repeats: int, pad_id: int
+    model, prompts: list[list[int]], batch_size: int, max_tokens: int, repeats: int, pad_id: int
 ) -> list[float]:
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])  # left padding
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    """tok/s of transformers' generate over ``prompts`` in left-padded batches."""
+
+    def padded(batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        return ids.to(model.device), mask.to(model.device)
+
+    batches = [padded(prompts[i : i + batch_size]) for i in range(0, len(prompts), batch_size)]
+    with torch.inference_mode():  # warm-up
+        model.generate(
+            batches[0][0][:2],
+            attention_mask=batches[0][1][:2],
+            max_new_tokens=4,
+            pad_token_id=pad_id,
+        )
     runs = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(
-                ids,
-                attention_mask=mask,
-                max_new_tokens=max_tokens,
-                min_new_tokens=max_tokens,
-                do_sample=False,
-                pad_token_id=pad_id,
-            )
-        runs.append((out.shape[1] - width) * len(prompts) / (time.perf_counter() - start))
+        start, tokens = time.perf_counter(), 0
+        for ids, mask in batches:
+            with torch.inference_mode():
+                out = model.generate(
+                    ids,
+                    attention_mask=mask,
+                    max_new_tokens=max_tokens,
+                    min_new_tokens=max_tokens,
+                    do_sample=False,
+                    pad_token_id=pad_id,
+                )
+            tokens += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+        runs.append(tokens / (time.perf_counter() - start))
     return runs
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=["sharegpt", "humaneval"], default="sharegpt")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument(
+        "--num-prompts",
+        type=int,
+        default=None,
+        help="prompts per run (default: as many as the concurrency)",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-prompt-tokens", type=int, default=256)
     parser.add_argument(
@@ -109,7 +131,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     dtype = getattr(torch, args.dtype)
     rows: list[EngineBenchRow] = []
-    largest = max(args.concurrency)
+    largest = max(args.num_prompts or 0, *args.concurrency)
     base = LLM(args.model, dtype=dtype, device=args.device, config=EngineConfig())
     prompts = prompts_for(args.dataset, largest, base, args.max_prompt_tokens)
     steps = [(spec, c) for spec in args.spec for c in args.concurrency]
@@ -131,7 +153,8 @@ def main(args: argparse.Namespace) -> None:
         from dspark.engine.engine import LLMEngine
 
         llm.engine = LLMEngine(base.engine.loaded, config)
-        runs, stats = run_dspark(llm, prompts[:concurrency], args.max_tokens, args.repeats)
+        batch = prompts[: args.num_prompts or concurrency]
+        runs, stats = run_dspark(llm, batch, args.max_tokens, args.repeats)
         rows.append(
             EngineBenchRow(
                 f"dspark:{spec}",
@@ -156,9 +179,8 @@ def main(args: argparse.Namespace) -> None:
             else 0
         )
         for concurrency in tqdm(args.concurrency, desc="transformers", unit="run"):
-            runs = run_transformers(
-                model, prompts[:concurrency], args.max_tokens, args.repeats, pad
-            )
+            batch = prompts[: args.num_prompts or concurrency]
+            runs = run_transformers(model, batch, concurrency, args.max_tokens, args.repeats, pad)
             rows.append(EngineBenchRow("transformers", concurrency, statistics.median(runs), runs))
     print(f"{'system':18} {'conc':>4} {'tok/s':>8} {'runs':>24} {'tau':>5} {'verified':>8}")
     for row in rows:
