@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "simulate": ("dspark.sim.cli", "compare verification policies on measured step costs"),
     "generate": ("dspark.engine.cli", "generate text for a prompt with the reference engine"),
     "bench-engine": ("dspark.bench.engine", "time the reference engine (and transformers)"),
+    "serve": ("dspark.server.cli", "an OpenAI-compatible HTTP server over the engine"),
 }
 
 

@@ -175,10 +175,11 @@ class LLMEngine:
         self.scheduler.add(request)
         return request
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, error: str | None = None) -> None:
+        """End a request now and free its cache and slot (``error``: it failed)."""
         request = self.requests.get(request_id)
         if request is not None and not request.is_finished:
-            self._finish(request, FinishReason.ABORT)
+            self._finish(request, FinishReason.ERROR if error else FinishReason.ABORT, error)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()

@@ -1,0 +1,72 @@
+"""``dspark serve``: an OpenAI-compatible HTTP server over the reference engine.
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (both with "stream": true for
+server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus text).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from dspark.engine.engine import EngineConfig, SpecMode
+from dspark.models.loader import cache_dir
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--model", default=None, help="HF directory or .gguf (default: SmolLM2-135M-Instruct)"
+    )
+    parser.add_argument("--served-name", default=None, help="model id clients must send")
+    parser.add_argument("--spec", choices=[m.value for m in SpecMode], default="none")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    parser.add_argument("--kv-cache-tokens", type=int, default=65536)
+    parser.add_argument(
+        "--max-pending",
+        type=int,
+        default=256,
+        help="requests queued or running before new ones get HTTP 429",
+    )
+    parser.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=30.0,
+        help="on shutdown, how long in-flight requests may still run",
+    )
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+
+
+def main(args: argparse.Namespace) -> None:
+    from dspark.server.serve import GracefulServer, create_app
+
+    dtype = (
+        getattr(torch, args.dtype)
+        if args.dtype
+        else (torch.bfloat16 if args.device == "cuda" else torch.float32)
+    )
+    config = EngineConfig(
+        spec=args.spec,
+        num_drafts=args.k,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_tokens=args.kv_cache_tokens,
+        profile_path=str(
+            cache_dir() / f"profile-serve-{args.device}-{dtype}.json".replace("torch.", "")
+        ),
+    )
+    app, runner = create_app(
+        args.model,
+        config,
+        args.max_pending,
+        args.device,
+        dtype,
+        args.grace_seconds,
+        args.served_name,
+    )
+    GracefulServer(app, runner, args.host, args.port, args.grace_seconds).run()
