@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "generate": ("dspark.engine.cli", "generate text for a prompt with the reference engine"),
     "bench-engine": ("dspark.bench.engine", "time the reference engine (and transformers)"),
     "serve": ("dspark.server.cli", "an OpenAI-compatible HTTP server over the engine"),
+    "bench-serve": ("dspark.bench.load", "load-test the server with streaming clients"),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,9 +67,10 @@ class EngineStats:
     num_verified: int = 0  # admitted drafts + 1 per decode round
     num_accepted: int = 0  # accepted drafts + 1 per decode round
     num_generated: int = 0
-    forward_ms: list[float] = field(default_factory=list)
-    drafter_ms: list[float] = field(default_factory=list)
-    budgets: list[int] = field(default_factory=list)
+    # The most recent steps only: a long-running server must not grow without bound.
+    forward_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    drafter_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    budgets: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
 
     @property
     def acceptance_length(self) -> float:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from dspark.models.config import ModelConfig
-from dspark.models.llama import AttentionBatch
+from dspark.models.llama import AttentionBatch, AttentionGroup
 
 
 @dataclass
@@ -24,6 +24,10 @@ class BlockTable:
     def rows(self, positions: np.ndarray, block_size: int) -> np.ndarray:
         table = np.asarray(self.blocks, dtype=np.int64)
         return table[positions // block_size] * block_size + positions % block_size
+
+
+SHORT_QUERY = 16
+"""Requests computing at most this many tokens in a step share one padded attention call."""
 
 
 class PagedKVCache:
@@ -78,30 +82,43 @@ class PagedKVCache:
         num_cached: np.ndarray,  # [R] tokens already in the cache per request
         num_query: np.ndarray,  # [R] tokens computed this step per request
     ) -> AttentionBatch:
-        """Cache rows to write and read, and the causal mask, for one packed step."""
+        """Cache rows to write and read, and the causal masks, for one packed step."""
         total = num_cached + num_query
-        max_len, max_query = int(total.max()), int(num_query.max())
-        num_reqs = len(tables)
-        read = np.zeros((num_reqs, max_len), dtype=np.int64)
-        write = []
-        for r, table in enumerate(tables):
-            rows = table.rows(np.arange(total[r]), self.block_size)
-            read[r, : total[r]] = rows
-            write.append(rows[num_cached[r] :])
         starts = np.concatenate(([0], np.cumsum(num_query)[:-1]))
+        write = [
+            table.rows(np.arange(num_cached[r], total[r]), self.block_size)
+            for r, table in enumerate(tables)
+        ]
+        # Decodes (and their drafts) share one padded group; each longer chunk runs alone.
+        short = np.flatnonzero(num_query <= SHORT_QUERY)
+        groups = [short] if short.size else []
+        groups += [np.array([r]) for r in np.flatnonzero(num_query > SHORT_QUERY)]
+        return AttentionBatch(
+            write_index=torch.from_numpy(np.concatenate(write)).to(self.device),
+            groups=[
+                self._group(tables, members, num_cached, num_query, starts) for members in groups
+            ],
+        )
+
+    def _group(self, tables, members, num_cached, num_query, starts) -> AttentionGroup:
+        cached, query, begin = num_cached[members], num_query[members], starts[members]
+        total = cached + query
+        max_len, max_query = int(total.max()), int(query.max())
+        read = np.zeros((members.shape[0], max_len), dtype=np.int64)
+        for i, r in enumerate(members):
+            read[i, : total[i]] = tables[r].rows(np.arange(total[i]), self.block_size)
         offsets = np.arange(max_query)
-        query_valid = offsets[None, :] < num_query[:, None]
-        query_index = np.where(query_valid, starts[:, None] + offsets[None, :], 0)
-        query_pos = num_cached[:, None] + offsets[None, :]  # absolute position of each query
-        key_pos = np.arange(max_len)
-        mask = key_pos[None, None, :] <= query_pos[:, :, None]  # causal
+        query_valid = offsets[None, :] < query[:, None]
+        query_index = np.where(query_valid, begin[:, None] + offsets[None, :], 0)
+        query_pos = cached[:, None] + offsets[None, :]  # absolute position of each query
+        mask = np.arange(max_len)[None, None, :] <= query_pos[:, :, None]  # causal
         mask &= query_valid[:, :, None]
         mask[:, :, 0] = True  # padded queries attend somewhere (their output is dropped)
         device = self.device
-        return AttentionBatch(
-            write_index=torch.from_numpy(np.concatenate(write)).to(device),
+        return AttentionGroup(
             read_index=torch.from_numpy(read).to(device),
             mask=torch.from_numpy(mask[:, None]).to(device),
             query_index=torch.from_numpy(query_index).to(device),
             query_valid=torch.from_numpy(query_valid).to(device),
+            out_index=torch.from_numpy(query_index[query_valid]).to(device),
         )

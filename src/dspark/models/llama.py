@@ -19,20 +19,33 @@ from dspark.models.config import ModelConfig
 
 
 @dataclass
+class AttentionGroup:
+    """Requests whose attention runs as one padded SDPA call.
+
+    ``read_index`` is ``[R, max_len]`` cache rows each request attends over (padding masked
+    out by ``mask``); ``query_index`` scatters the packed queries into ``[R, max_query]``,
+    ``query_valid`` marks the real ones, and ``out_index`` lists, in the same order as
+    ``query_valid``'s true entries, where their outputs go in the packed sequence.
+    """
+
+    read_index: torch.Tensor  # [R, max_len]
+    mask: torch.Tensor  # [R, 1, max_query, max_len] bool, True = attend
+    query_index: torch.Tensor  # [R, max_query]
+    query_valid: torch.Tensor  # [R, max_query] bool
+    out_index: torch.Tensor  # [num valid queries]
+
+
+@dataclass
 class AttentionBatch:
     """Where the packed tokens sit: filled by the engine once per step, shared by layers.
 
-    ``write_index[t]`` is the cache row that token t's key/value go to; ``read_index`` is
-    ``[num_reqs, max_len]`` cache rows each request attends over (padded rows masked out
-    by ``mask``); ``query_index`` scatters the packed queries into ``[num_reqs,
-    max_query]`` and ``query_valid`` marks the real ones.
+    ``write_index[t]`` is the cache row token t's key and value go to. Requests are split
+    into groups (decodes together, each long prompt chunk alone) so that a prompt chunk
+    never pads every decode's queries to its length.
     """
 
     write_index: torch.Tensor  # [T]
-    read_index: torch.Tensor  # [R, max_len]
-    mask: torch.Tensor  # [R, 1, max_query, max_len] bool, True = attend
-    query_index: torch.Tensor  # [R, max_query] index into the packed tokens
-    query_valid: torch.Tensor  # [R, max_query] bool
+    groups: list[AttentionGroup]
 
 
 class RMSNorm(nn.Module):
@@ -116,17 +129,22 @@ class Attention(nn.Module):
         q, k = rotary(q, positions), rotary(k, positions)
         k_cache.index_copy_(0, batch.write_index, k.to(k_cache.dtype))
         v_cache.index_copy_(0, batch.write_index, v.to(v_cache.dtype))
-        keys = k_cache[batch.read_index].transpose(1, 2)  # [R, kv_heads, max_len, D]
-        values = v_cache[batch.read_index].transpose(1, 2)
-        queries = q[batch.query_index].transpose(1, 2)  # [R, heads, max_query, D]
-        out = F.scaled_dot_product_attention(
-            queries,
-            keys.to(q.dtype),
-            values.to(q.dtype),
-            attn_mask=batch.mask,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )  # [R, heads, max_query, D]
-        out = out.transpose(1, 2)[batch.query_valid]  # [T, heads, D] in packed order
+        out = q if len(batch.groups) == 1 else torch.empty_like(q)  # [T, heads, D]
+        for group in batch.groups:
+            keys = k_cache[group.read_index].transpose(1, 2)  # [R, kv_heads, max_len, D]
+            values = v_cache[group.read_index].transpose(1, 2)
+            queries = q[group.query_index].transpose(1, 2)  # [R, heads, max_query, D]
+            attended = F.scaled_dot_product_attention(
+                queries,
+                keys.to(q.dtype),
+                values.to(q.dtype),
+                attn_mask=group.mask,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            ).transpose(1, 2)[group.query_valid]  # [valid queries, heads, D]
+            if len(batch.groups) == 1:
+                out = attended  # one group covers every token, already in packed order
+            else:
+                out[group.out_index] = attended
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
