@@ -3,8 +3,9 @@
 For each concurrency level, ``concurrency`` prompts run together (greedy,
 ``--max-tokens`` new tokens each, EOS ignored so every request makes the same number of
 tokens); tok/s counts generated tokens over wall time, prefill included. With ``--hf`` the
-same prompts also run through transformers' ``generate`` (one padded batch per level).
-Each measurement is repeated and the median is reported. Prints a table, writes JSON.
+same prompts also run through transformers' ``generate`` (padded batches of the same size).
+The systems take turns within each repeat and the median is reported. Prints a table,
+writes JSON.
 """
 
 from __future__ import annotations
@@ -105,6 +106,23 @@ def run_transformers(
     return runs
 
 
+def _engine_for(base: LLM, spec: str, concurrency: int, args: argparse.Namespace) -> LLM:
+    from dspark.engine.engine import LLMEngine
+
+    config = EngineConfig(
+        spec=spec,
+        num_drafts=args.k,
+        max_num_seqs=max(concurrency, 1),
+        max_num_batched_tokens=max(512, concurrency * (args.k + 1)),
+        kv_cache_tokens=max(4096, concurrency * (args.max_prompt_tokens + args.max_tokens + 16)),
+        profile_path=str(args.out_dir / f"profile-{args.device}-{args.dtype}-{concurrency}.json"),
+    )
+    llm = LLM.__new__(LLM)
+    llm.tokenizer = base.tokenizer
+    llm.engine = LLMEngine(base.engine.loaded, config)
+    return llm
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=["sharegpt", "humaneval"], default="sharegpt")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
@@ -134,54 +152,45 @@ def main(args: argparse.Namespace) -> None:
     largest = max(args.num_prompts or 0, *args.concurrency)
     base = LLM(args.model, dtype=dtype, device=args.device, config=EngineConfig())
     prompts = prompts_for(args.dataset, largest, base, args.max_prompt_tokens)
-    steps = [(spec, c) for spec in args.spec for c in args.concurrency]
-    for spec, concurrency in tqdm(steps, desc="bench-engine", unit="run"):
-        config = EngineConfig(
-            spec=spec,
-            num_drafts=args.k,
-            max_num_seqs=max(concurrency, 1),
-            max_num_batched_tokens=max(512, concurrency * (args.k + 1)),
-            kv_cache_tokens=max(
-                4096, concurrency * (args.max_prompt_tokens + args.max_tokens + 16)
-            ),
-            profile_path=str(
-                args.out_dir / f"profile-{args.device}-{args.dtype}-{concurrency}.json"
-            ),
-        )
-        llm = LLM.__new__(LLM)
-        llm.tokenizer = base.tokenizer
-        from dspark.engine.engine import LLMEngine
-
-        llm.engine = LLMEngine(base.engine.loaded, config)
-        batch = prompts[: args.num_prompts or concurrency]
-        runs, stats = run_dspark(llm, batch, args.max_tokens, args.repeats)
-        rows.append(
-            EngineBenchRow(
-                f"dspark:{spec}",
-                concurrency,
-                statistics.median(runs),
-                runs,
-                stats.acceptance_length if spec != "none" else None,
-                stats.verified_per_step if spec != "none" else None,
-            )
-        )
+    model = pad = None
     if args.hf:
         from transformers import AutoModelForCausalLM
 
-        model = (
-            AutoModelForCausalLM.from_pretrained(base.engine.loaded.path, dtype=dtype)
-            .to(args.device)
-            .eval()
-        )
-        pad = (
-            base.engine.loaded.config.eos_token_ids[0]
-            if base.engine.loaded.config.eos_token_ids
-            else 0
-        )
-        for concurrency in tqdm(args.concurrency, desc="transformers", unit="run"):
-            batch = prompts[: args.num_prompts or concurrency]
-            runs = run_transformers(model, batch, concurrency, args.max_tokens, args.repeats, pad)
-            rows.append(EngineBenchRow("transformers", concurrency, statistics.median(runs), runs))
+        model = AutoModelForCausalLM.from_pretrained(base.engine.loaded.path, dtype=dtype)
+        model = model.to(args.device).eval()
+        eos = base.engine.loaded.config.eos_token_ids
+        pad = eos[0] if eos else 0
+    for concurrency in tqdm(args.concurrency, desc="bench-engine", unit="level"):
+        batch = prompts[: args.num_prompts or concurrency]
+        systems = {
+            f"dspark:{spec}": _engine_for(base, spec, concurrency, args) for spec in args.spec
+        }
+        runs: dict[str, list[float]] = {name: [] for name in systems}
+        if model is not None:
+            runs["transformers"] = []
+        stats = {}
+        # The systems take turns within each repeat, so drifts in machine speed hit all alike.
+        for _ in range(args.repeats):
+            for name, llm in systems.items():
+                one, stats[name] = run_dspark(llm, batch, args.max_tokens, 1)
+                runs[name] += one
+            if model is not None:
+                runs["transformers"] += run_transformers(
+                    model, batch, concurrency, args.max_tokens, 1, pad
+                )
+        for name, values in runs.items():
+            spec_stats = stats.get(name)
+            speculates = spec_stats is not None and not name.endswith(":none")
+            rows.append(
+                EngineBenchRow(
+                    name,
+                    concurrency,
+                    statistics.median(values),
+                    values,
+                    spec_stats.acceptance_length if speculates else None,
+                    spec_stats.verified_per_step if speculates else None,
+                )
+            )
     print(f"{'system':18} {'conc':>4} {'tok/s':>8} {'runs':>24} {'tau':>5} {'verified':>8}")
     for row in rows:
         runs = ", ".join(f"{r:.1f}" for r in row.tok_s_runs)
