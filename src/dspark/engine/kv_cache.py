@@ -115,8 +115,12 @@ class PagedKVCache:
         mask &= query_valid[:, :, None]
         mask[:, :, 0] = True  # padded queries attend somewhere (their output is dropped)
         device = self.device
+        # One request whose rows are consecutive (blocks are handed out in order) reads a
+        # view of the cache instead of a gathered copy.
+        is_contiguous = read.shape[0] == 1 and bool((np.diff(read[0]) == 1).all())
         return AttentionGroup(
-            read_index=torch.from_numpy(read).to(device),
+            read_index=None if is_contiguous else torch.from_numpy(read).to(device),
+            read_start=int(read[0, 0]) if is_contiguous else 0,
             mask=torch.from_numpy(mask[:, None]).to(device),
             query_index=torch.from_numpy(query_index).to(device),
             query_valid=torch.from_numpy(query_valid).to(device),

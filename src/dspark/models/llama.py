@@ -28,11 +28,18 @@ class AttentionGroup:
     ``query_valid``'s true entries, where their outputs go in the packed sequence.
     """
 
-    read_index: torch.Tensor  # [R, max_len]
+    read_index: torch.Tensor | None  # [R, max_len]; None: one request, rows read_start...
     mask: torch.Tensor  # [R, 1, max_query, max_len] bool, True = attend
     query_index: torch.Tensor  # [R, max_query]
     query_valid: torch.Tensor  # [R, max_query] bool
     out_index: torch.Tensor  # [num valid queries]
+    read_start: int = 0  # a lone request whose cache rows are contiguous reads a view
+
+    def cached(self, cache: torch.Tensor) -> torch.Tensor:
+        """``[R, max_len, kv_heads, D]`` keys or values of the group's requests."""
+        if self.read_index is None:
+            return cache[self.read_start : self.read_start + self.mask.shape[-1]].unsqueeze(0)
+        return cache[self.read_index]
 
 
 @dataclass
@@ -131,8 +138,8 @@ class Attention(nn.Module):
         v_cache.index_copy_(0, batch.write_index, v.to(v_cache.dtype))
         out = q if len(batch.groups) == 1 else torch.empty_like(q)  # [T, heads, D]
         for group in batch.groups:
-            keys = k_cache[group.read_index].transpose(1, 2)  # [R, kv_heads, max_len, D]
-            values = v_cache[group.read_index].transpose(1, 2)
+            keys = group.cached(k_cache).transpose(1, 2)  # [R, kv_heads, max_len, D]
+            values = group.cached(v_cache).transpose(1, 2)
             queries = q[group.query_index].transpose(1, 2)  # [R, heads, max_query, D]
             attended = F.scaled_dot_product_attention(
                 queries,
