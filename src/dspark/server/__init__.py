@@ -1,6 +1,5 @@
-"""The OpenAI-compatible server: FastAPI app, engine thread, metrics."""
+"""The OpenAI-compatible server (``dspark.server.serve.create_app``, ``dspark serve``).
 
-from dspark.server.runner import EngineRunner, QueueFullError, ShuttingDownError
-from dspark.server.serve import create_app
-
-__all__ = ["EngineRunner", "QueueFullError", "ShuttingDownError", "create_app"]
+Nothing is imported here, so that ``dspark``'s command line works on machines without the
+server's dependencies (FastAPI, uvicorn).
+"""
