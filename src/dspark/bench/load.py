@@ -2,7 +2,8 @@
 
 Starts the server as a subprocess (or uses --url), then runs ``--clients`` asyncio clients
 that each send streaming chat requests (ShareGPT prompts) back to back for ``--seconds``;
-requests in flight at the deadline are awaited (bounded). Every response must end with a
+requests in flight at the deadline are awaited (bounded). Shorter rounds follow, to show
+whether the server's memory keeps growing. Every response must end with a
 finish reason and ``[DONE]``; anything else counts as failed. Reports requests/s,
 tokens/s, TTFT percentiles and the server's resident memory before and after.
 """
@@ -35,9 +36,7 @@ class LoadReport:
     tokens: int = 0
     ttft_s: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    rss_mb_before: float | None = None
-    rss_mb_after: float | None = None
-    rss_mb_after_second_round: float | None = None
+    rss_mb: list[float | None] = field(default_factory=list)  # at start, then after each round
 
     def summary(self) -> dict:
         ttft = sorted(self.ttft_s) or [float("nan")]
@@ -51,7 +50,7 @@ class LoadReport:
             "tokens_per_s": round(self.tokens / self.seconds, 1),
             "ttft_p50_s": round(statistics.median(ttft), 3),
             "ttft_p99_s": round(ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))], 3),
-            "rss_mb": [self.rss_mb_before, self.rss_mb_after, self.rss_mb_after_second_round],
+            "rss_mb_at_start_then_after_each_round": self.rss_mb,
         }
 
 
@@ -149,6 +148,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--spec", default="none", choices=["none", "fixed", "adaptive"])
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="load rounds (the first --seconds long, later ones half)",
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("results"))
 
 
@@ -156,7 +161,10 @@ def main(args: argparse.Namespace) -> None:
     prompts = [c.prompt[:1500] for c in sharegpt_conversations()[:2000]]
     server = None
     url = args.url
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = args.out_dir / "bench_serve_server.log"
     if url is None:
+        server_log = log_path.open("w")
         url = f"http://127.0.0.1:{args.port}"
         server = subprocess.Popen(
             [
@@ -174,34 +182,38 @@ def main(args: argparse.Namespace) -> None:
                 "512",
             ],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=server_log,  # a file: a pipe nobody reads would block the server
             env=os.environ.copy(),
         )
-        _wait_ready(url, server)
+        _wait_ready(url, server, log_path)
     try:
         pid = server.pid if server else None
-        before = rss_mb(pid) if pid else None
-        report = asyncio.run(
-            run_load(url, args.model, args.clients, args.seconds, args.max_tokens, prompts)
-        )
-        report.rss_mb_before, report.rss_mb_after = before, rss_mb(pid) if pid else None
-        # A second, shorter round: memory must not keep growing.
-        second = asyncio.run(
-            run_load(url, args.model, args.clients, args.seconds / 2, args.max_tokens, prompts)
-        )
-        report.rss_mb_after_second_round = rss_mb(pid) if pid else None
-        report.failed += second.failed
-        report.failures += second.failures
+        report = None
+        rss = [rss_mb(pid) if pid else None]
+        later_rounds = []
+        for round_index in range(args.rounds):
+            # Later rounds are shorter: they are there to show memory no longer grows.
+            seconds = args.seconds if round_index == 0 else args.seconds / 2
+            result = asyncio.run(
+                run_load(url, args.model, args.clients, seconds, args.max_tokens, prompts)
+            )
+            rss.append(rss_mb(pid) if pid else None)
+            if report is None:
+                report = result
+            else:
+                later_rounds.append(result)
+                report.failed += result.failed
+                report.failures += result.failures
+        report.rss_mb = rss
     finally:
         if server is not None:
             server.terminate()
             server.wait(timeout=120)
     summary = report.summary()
-    summary["second_round"] = {
-        "completed": second.completed,
-        "failed": second.failed,
-        "seconds": round(second.seconds, 1),
-    }
+    summary["later_rounds"] = [
+        {"completed": r.completed, "failed": r.failed, "seconds": round(r.seconds, 1)}
+        for r in later_rounds
+    ]
     print(json.dumps(summary, indent=1))
     if report.failures:
         print("failures:", *report.failures[:10], sep="\n  ")
@@ -211,11 +223,11 @@ def main(args: argparse.Namespace) -> None:
     print(f"wrote {path}")
 
 
-def _wait_ready(url: str, server: subprocess.Popen) -> None:
+def _wait_ready(url: str, server: subprocess.Popen, log_path: Path) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"the server exited: {server.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"the server exited: {log_path.read_text()[-2000:]}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                 return
