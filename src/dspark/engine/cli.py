@@ -16,7 +16,7 @@ import torch
 from dspark.engine.engine import EngineConfig, SpecMode
 from dspark.engine.llm import LLM
 from dspark.engine.sampling import SamplingParams
-from dspark.models.loader import cache_dir
+from dspark.models.loader import cache_dir, resolve_dtype
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -42,10 +42,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    if args.dtype:
-        dtype = getattr(torch, args.dtype)
-    else:
-        dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    dtype = resolve_dtype(args.dtype, args.device)
     params = SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,

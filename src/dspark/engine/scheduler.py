@@ -1,7 +1,7 @@
 """Continuous batching: who runs this step and how many tokens each computes.
 
-Running requests go first, oldest first: a decode computes one token plus room for
-``draft_room`` drafts, a request still prefilling computes a chunk. Waiting requests are
+Running requests go first: decodes (one token plus room for ``draft_room`` drafts each,
+oldest first), then the chunks of requests still prefilling. Waiting requests are
 admitted (first come, first served) while there is a free sequence slot, token budget and
 cache. When the cache cannot hold a running request's next tokens, the newest running
 request is preempted: its blocks are freed and it waits at the front of the queue to be
@@ -60,17 +60,22 @@ class Scheduler:
     def schedule(self, draft_room: int) -> list[ScheduledChunk]:
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
-        index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
+        # Decodes first (oldest first), then prompt chunks: a long prompt never starves them.
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed == 1]
+        prefilling = [r for r in self.running if r.num_tokens - r.num_computed > 1]
+        for request in decoding + prefilling:
+            if budget <= 0:
+                break
+            if request not in self.running:
+                continue  # preempted to make room for an older request
             todo = request.num_tokens - request.num_computed
             num_tokens = 1 if todo == 1 else min(todo, budget)
             room = min(draft_room, budget - 1) if todo == 1 else 0
-            if not self._reserve(request, request.num_computed + num_tokens + room):
-                continue  # the request itself was preempted; index now points at the next
+            scheduled = {id(c.request) for c in chunks}
+            if not self._reserve(request, request.num_computed + num_tokens + room, scheduled):
+                continue  # the request itself was preempted
             chunks.append(ScheduledChunk(request, num_tokens, room))
             budget -= num_tokens + room
-            index += 1
         while self.waiting and budget > 0 and self.free_slots:
             request = self.waiting[0]
             num_tokens = min(request.num_tokens - request.num_computed, budget)
@@ -84,11 +89,13 @@ class Scheduler:
             budget -= num_tokens
         return chunks
 
-    def _reserve(self, request: Request, num_tokens: int) -> bool:
-        """Cache room for ``num_tokens``, preempting newer requests if needed; False if
-        ``request`` itself had to go."""
+    def _reserve(self, request: Request, num_tokens: int, scheduled: set[int]) -> bool:
+        """Cache room for ``num_tokens``, preempting newer requests not yet scheduled this
+        step (newest first); False if ``request`` itself had to go."""
         while not self.cache.reserve(request.table, num_tokens):
-            victim = self.running[-1]
+            position = self.running.index(request)
+            newer = [r for r in self.running[position + 1 :] if id(r) not in scheduled]
+            victim = newer[-1] if newer else request
             self._preempt(victim)
             if victim is request:
                 return False

@@ -41,6 +41,13 @@ class LoadedModel:
         return frozenset(ids)
 
 
+def resolve_dtype(name: str | None, device: str) -> torch.dtype:
+    """``name`` ("float32", "bfloat16"), or by default bfloat16 on CUDA and float32 else."""
+    if name:
+        return getattr(torch, name)
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
 def cache_dir() -> Path:
     root = os.environ.get("DSPARK_CACHE") or Path.home() / ".cache" / "dspark"
     return Path(root)

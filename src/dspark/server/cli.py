@@ -11,7 +11,7 @@ import argparse
 import torch
 
 from dspark.engine.engine import EngineConfig, SpecMode
-from dspark.models.loader import cache_dir
+from dspark.models.loader import cache_dir, resolve_dtype
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -45,11 +45,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     from dspark.server.serve import GracefulServer, create_app
 
-    dtype = (
-        getattr(torch, args.dtype)
-        if args.dtype
-        else (torch.bfloat16 if args.device == "cuda" else torch.float32)
-    )
+    dtype = resolve_dtype(args.dtype, args.device)
     config = EngineConfig(
         spec=args.spec,
         num_drafts=args.k,
