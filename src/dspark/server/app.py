@@ -94,59 +94,50 @@ def build_app(
             return None, reject(400, str(error))
         return (request_id, events), None
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, http: Request):
-        started, failure = await start(body, encode(body.prompt))
+    async def respond(body, prompt_ids: list[int], http: Request, make_chunk, make_body):
+        """Run one request: stream chunks from ``make_chunk(request_id)``, or wait for the
+        whole text and answer with ``make_body``."""
+        started, failure = await start(body, prompt_ids)
         if failure is not None:
             return failure
         request_id, events = started
         if body.stream:
-
-            def chunk(event: Event | None, text: str, finish: str | None, use: dict | None) -> dict:
-                return completion_body(request_id, model_name, text, finish, use, chunk=True)
-
-            return _sse(runner, http, request_id, events, chunk, body.include_usage)
+            return _sse(runner, request_id, events, make_chunk(request_id), body.include_usage)
         text, final = await _collect(runner, http, request_id, events)
-        if final.error and final.finish_reason == "error":
-            return JSONResponse(error_body(final.error, "server_error"), status_code=500)
-        return completion_body(
-            request_id,
-            model_name,
-            text,
-            final.finish_reason,
-            usage(final.prompt_tokens, final.completion_tokens),
-        )
+        if final.finish_reason == "error":
+            message = final.error or "the request failed"
+            return JSONResponse(error_body(message, "server_error"), status_code=500)
+        use = usage(final.prompt_tokens, final.completion_tokens)
+        return make_body(request_id, model_name, text, final.finish_reason, use)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, http: Request):
+        def make_chunk(request_id: str) -> Callable:
+            return lambda text, finish, use: completion_body(
+                request_id, model_name, text, finish, use, chunk=True
+            )
+
+        return await respond(body, encode(body.prompt), http, make_chunk, completion_body)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, http: Request):
-        messages = [m.model_dump(exclude_none=True) for m in body.messages]
-        started, failure = await start(body, chat_template(messages))
-        if failure is not None:
-            return failure
-        request_id, events = started
-        if body.stream:
-            first = [True]
+        def make_chunk(request_id: str) -> Callable:
+            is_first = [True]
 
-            def chunk(event: Event | None, text: str, finish: str | None, use: dict | None) -> dict:
+            def chunk(text: str, finish: str | None, use: dict | None) -> dict:
+                # The first delta names the role; later ones carry content only.
                 delta = (
                     {"role": "assistant", "content": text}
-                    if first[0]
+                    if is_first[0]
                     else ({"content": text} if text else {})
                 )
-                first[0] = False
+                is_first[0] = False
                 return chat_chunk(request_id, model_name, delta, finish, use)
 
-            return _sse(runner, http, request_id, events, chunk, body.include_usage)
-        text, final = await _collect(runner, http, request_id, events)
-        if final.error and final.finish_reason == "error":
-            return JSONResponse(error_body(final.error, "server_error"), status_code=500)
-        return chat_body(
-            request_id,
-            model_name,
-            text,
-            final.finish_reason,
-            usage(final.prompt_tokens, final.completion_tokens),
-        )
+            return chunk
+
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        return await respond(body, chat_template(messages), http, make_chunk, chat_body)
 
     return app
 
@@ -175,7 +166,6 @@ async def _collect(
 
 def _sse(
     runner: EngineRunner,
-    http: Request,
     request_id: str,
     events: asyncio.Queue,
     chunk: Callable,
@@ -191,21 +181,21 @@ def _sse(
                     yield _data(error_body(event.error, "server_error"))
                     break
                 if event.text or event.finish_reason is None:
-                    yield _data(chunk(event, event.text, None, None))
+                    yield _data(chunk(event.text, None, None))
                 if event.finish_reason is not None:
                     finished = True
-                    yield _data(chunk(event, "", event.finish_reason, None))
+                    yield _data(chunk("", event.finish_reason, None))
                     if include_usage:
-                        body = chunk(
-                            event, "", None, usage(event.prompt_tokens, event.completion_tokens)
-                        )
+                        body = chunk("", None, usage(event.prompt_tokens, event.completion_tokens))
                         body["choices"] = []
                         yield _data(body)
                     break
-            yield "data: [DONE]\n\n"
+        except Exception as error:  # a server bug: tell the client instead of hanging up
+            yield _data(error_body(f"internal server error: {error!r}", "server_error"))
         finally:
-            if not finished:  # the client disconnected: free the slot within a step
+            if not finished:  # the client disconnected (or the stream broke): free the slot
                 runner.abort(request_id)
+        yield "data: [DONE]\n\n"
 
     return StreamingResponse(
         stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
