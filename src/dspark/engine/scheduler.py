@@ -63,6 +63,7 @@ class Scheduler:
         # Decodes first (oldest first), then prompt chunks: a long prompt never starves them.
         decoding = [r for r in self.running if r.num_tokens - r.num_computed == 1]
         prefilling = [r for r in self.running if r.num_tokens - r.num_computed > 1]
+        scheduled: set[int] = set()  # ids of the requests already in this step's batch
         for request in decoding + prefilling:
             if budget <= 0:
                 break
@@ -71,10 +72,10 @@ class Scheduler:
             todo = request.num_tokens - request.num_computed
             num_tokens = 1 if todo == 1 else min(todo, budget)
             room = min(draft_room, budget - 1) if todo == 1 else 0
-            scheduled = {id(c.request) for c in chunks}
             if not self._reserve(request, request.num_computed + num_tokens + room, scheduled):
                 continue  # the request itself was preempted
             chunks.append(ScheduledChunk(request, num_tokens, room))
+            scheduled.add(id(request))
             budget -= num_tokens + room
         while self.waiting and budget > 0 and self.free_slots:
             request = self.waiting[0]
