@@ -9,12 +9,16 @@ from collections.abc import Sequence
 
 # subcommand -> (module with add_cli_args/main, one-line help)
 SUBCOMMANDS = {
+    "bench": ("dspark.bench.sweep", "no spec vs fixed K vs adaptive across concurrency"),
     "bench-scheduler": ("dspark.bench.scheduler", "time the per-step scheduling decisions"),
     "simulate": ("dspark.sim.cli", "compare verification policies on measured step costs"),
     "generate": ("dspark.engine.cli", "generate text for a prompt with the reference engine"),
     "bench-engine": ("dspark.bench.engine", "time the reference engine (and transformers)"),
     "serve": ("dspark.server.cli", "an OpenAI-compatible HTTP server over the engine"),
     "bench-serve": ("dspark.bench.load", "load-test the server with streaming clients"),
+    "train-drafter": ("dspark.train.cli", "train a DSpark drafter by self-distillation"),
+    "calibrate": ("dspark.train.calibrate_cli", "fit per-position confidence temperatures"),
+    "eval-drafter": ("dspark.train.evaluate", "acceptance of drafters on held-out prompts"),
 }
 
 

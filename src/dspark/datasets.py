@@ -87,3 +87,24 @@ def humaneval_tasks() -> tuple[CodeTask, ...]:
     with gzip.open(path, "rt") as file:
         rows = [json.loads(line) for line in file if line.strip()]
     return tuple(CodeTask(row["task_id"], row["prompt"]) for row in rows)
+
+
+SPLITS = ("train", "calib", "eval")
+
+
+def sharegpt_split(split: str) -> tuple[Conversation, ...]:
+    """A fixed split of the ShareGPT first exchanges: every 20th conversation is held out
+    (alternately for calibration and for evaluation), the rest is for training. Drafter
+    training never sees the held-out prompts; benchmarks draw from ``eval``."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
+    conversations = sharegpt_conversations()
+    if split == "train":
+        return tuple(c for i, c in enumerate(conversations) if i % 20)
+    held_out = conversations[::20]
+    return held_out[0::2] if split == "calib" else held_out[1::2]
+
+
+def humaneval_prompt(task: CodeTask) -> str:
+    """The user message a chat model gets for one HumanEval task."""
+    return f"Complete this Python function.\n\n```python\n{task.prompt}```"

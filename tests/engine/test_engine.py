@@ -1,11 +1,13 @@
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.engine.llm import RequestOutput
 from dspark.engine.request import PromptTooLongError
 from dspark.engine.sampling import SamplingParams
+from tests.conftest import make_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
@@ -20,9 +22,21 @@ class RandomCost:
         return 1.0 + np.cumsum(self.rng.exponential(self.rng.uniform(0, 0.5), max_drafts + 1))
 
 
+class CheapCost(RandomCost):
+    """Random costs where drafts are nearly free: budgets vary but stay large."""
+
+    def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
+        return 1.0 + np.cumsum(self.rng.exponential(0.002, max_drafts + 1))
+
+
 def run(loaded, prompts, params=GREEDY, **config):
     cost = config.pop("cost_model", None)
-    engine = LLMEngine(loaded, EngineConfig(**config), cost_model=cost)
+    drafter = config.pop("drafter_model", None)
+    if drafter is not None:  # a DSpark drafter model built for this (random) target
+        from dspark.engine.drafter import DSparkDrafter
+
+        drafter = DSparkDrafter(drafter, 16384, 16)
+    engine = LLMEngine(loaded, EngineConfig(**config), drafter=drafter, cost_model=cost)
     requests = [engine.add_request(p, params) for p in prompts]
     while engine.has_unfinished():
         engine.step()
@@ -59,6 +73,88 @@ def test_greedy_speculation_equals_plain_greedy_on_a_random_model(tiny, spec):
         assert len(set(engine.stats.budgets)) > 3  # the random costs varied the budget
 
 
+@pytest.mark.parametrize("spec", ["fixed", "adaptive"])
+def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(tmp_path, spec):
+    from tests.models.test_drafter import random_drafter
+
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    drafter = random_drafter(target, block_size=5)
+    prompts = repetitive_prompts(10)
+    plain, _ = run(target, prompts)
+    for k, seed in ((2, 0), (5, 1)):
+        cost = RandomCost(seed) if spec == "adaptive" else None
+        out, engine = run(
+            target, prompts, spec=spec, num_drafts=k, cost_model=cost, drafter_model=drafter
+        )
+        assert [o.token_ids for o in out] == [o.token_ids for o in plain]
+        assert engine.stats.num_verified > engine.stats.num_decode_rounds
+
+
+def concentrated_model(tmp_path, live: int = 6):
+    """A tiny target whose next token is almost always one of ``live`` tokens, so a
+    drafter sharing its LM head gets drafts accepted often at temperature 1."""
+    loaded = make_tiny_model(tmp_path / "c", num_hidden_layers=3)
+    with torch.no_grad():
+        head = loaded.model.lm_head.weight
+        head[live:] = 0.0
+        head[:live] *= 3.0
+        loaded.model.embed_tokens.weight[live:] = loaded.model.embed_tokens.weight[:live].repeat(
+            -(-(head.shape[0] - live) // live), 1
+        )[: head.shape[0] - live]
+    return loaded
+
+
+def exact_first_two(loaded, prompt, live: int) -> tuple[np.ndarray, np.ndarray]:
+    """The target's exact marginals of generated tokens 1 and 2 (others summed last)."""
+    from tests.models.test_llama import packed_logits
+
+    first = torch.softmax(packed_logits(loaded, [prompt])[0][-1], -1).double()
+    second = torch.zeros_like(first)
+    for token in range(first.shape[0]):
+        if first[token] > 1e-12:
+            logits = packed_logits(loaded, [[*prompt, token]])[0][-1]
+            second += first[token] * torch.softmax(logits, -1).double()
+
+    def bucket(p):
+        return np.append(p[:live].numpy(), p[live:].sum().item())
+
+    return bucket(first), bucket(second)
+
+
+def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(tmp_path):
+    """Losslessness must survive the budget, the allocation and the drafter's own draft
+    distribution: at temperature 1 the first two tokens follow the target exactly."""
+    from dspark.engine.drafter import DSparkDrafter
+    from tests.models.test_drafter import random_drafter
+
+    live = 6
+    target = concentrated_model(tmp_path, live)
+    drafter = random_drafter(target, block_size=4)
+    prompt = [3, 1, 4, 1, 5]
+    exact1, exact2 = exact_first_two(target, prompt, live)
+    engine = LLMEngine(
+        target,
+        EngineConfig(spec="adaptive", num_drafts=3, max_num_seqs=64, kv_cache_tokens=8192),
+        drafter=DSparkDrafter(drafter, 8192, 16),
+        cost_model=CheapCost(3),
+    )
+    requests = [
+        engine.add_request(
+            prompt, SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=i)
+        )
+        for i in range(2000)
+    ]
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.stats.num_accepted > engine.stats.num_decode_rounds + 300  # drafts accepted
+    for position, exact in ((0, exact1), (1, exact2)):
+        tokens = np.array([r.output_ids[position] for r in requests])
+        counts = np.bincount(np.minimum(tokens, live), minlength=live + 1).astype(float)
+        keep = exact > 1e-4
+        expected = exact[keep] / exact[keep].sum() * counts[keep].sum()
+        assert stats.chisquare(counts[keep], expected).pvalue > 1e-3, (counts, exact)
+
+
 def test_64_concurrent_mixed_requests_complete_with_their_single_request_outputs(tiny):
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, 256, int(n)).tolist() for n in rng.integers(1, 120, 64)]
@@ -69,7 +165,7 @@ def test_64_concurrent_mixed_requests_complete_with_their_single_request_outputs
     engine = LLMEngine(
         tiny,
         EngineConfig(max_num_seqs=64, max_num_batched_tokens=256, spec="adaptive", num_drafts=3),
-        cost_model=RandomCost(3),
+        cost_model=CheapCost(3),
     )
     requests = [engine.add_request(p, q) for p, q in zip(prompts, params, strict=True)]
     while engine.has_unfinished():
@@ -161,8 +257,12 @@ def test_greedy_speculation_on_smollm2_matches_plain_greedy_up_to_exact_ties(smo
     ids = [smollm2.tokenizer.encode(p) for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     plain, _ = run(smollm2, ids, params)
-    for spec, cost in (("fixed", None), ("adaptive", RandomCost(9))):
-        spec_out, engine = run(smollm2, ids, params, spec=spec, num_drafts=4, cost_model=cost)
+    cases = (("fixed", None, "ngram"), ("adaptive", RandomCost(9), "ngram"))
+    cases += (("fixed", None, "dspark"), ("adaptive", RandomCost(9), "dspark"))
+    for spec, cost, drafter in cases:
+        spec_out, engine = run(
+            smollm2, ids, params, spec=spec, num_drafts=4, cost_model=cost, drafter=drafter
+        )
         assert engine.stats.num_verified > engine.stats.num_decode_rounds  # drafts were verified
         for p, a, b in zip(ids, plain, spec_out, strict=True):
             i = first_divergence(a.token_ids, b.token_ids)

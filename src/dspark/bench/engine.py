@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dspark.datasets import humaneval_tasks, sharegpt_conversations
+from dspark.datasets import humaneval_prompt, humaneval_tasks, sharegpt_split
 from dspark.engine import LLM, EngineConfig, SamplingParams
 
 
@@ -37,12 +37,10 @@ class EngineBenchRow:
 
 def prompts_for(dataset: str, count: int, llm: LLM, max_prompt_tokens: int) -> list[list[int]]:
     """Chat-templated prompt ids, shortest-first filtering of overlong ones."""
-    if dataset == "sharegpt":
-        texts = [c.prompt for c in sharegpt_conversations()]
+    if dataset == "sharegpt":  # held-out prompts: the shipped drafter never trained on them
+        texts = [c.prompt for c in sharegpt_split("eval")]
     elif dataset == "humaneval":
-        texts = [
-            f"Complete this Python function.\n\n```python\n{t.prompt}```" for t in humaneval_tasks()
-        ]
+        texts = [humaneval_prompt(t) for t in humaneval_tasks()]
     else:
         raise ValueError(f"unknown dataset {dataset!r}: use sharegpt or humaneval")
     prompts = []

@@ -43,6 +43,9 @@ class EngineConfig:
     num_drafts: int = 4  # K: drafts proposed per decoding request
     seed: int = 0
     profile_path: str | None = None  # adaptive: load the cost profile from / save it to here
+    # "auto": the shipped DSpark drafter when one matches the model, else "ngram";
+    # "dspark": the shipped one (an error if none matches); or a drafter directory.
+    drafter: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", SpecMode(self.spec))
@@ -71,6 +74,7 @@ class EngineStats:
     forward_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     drafter_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     budgets: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
+    schedule_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
 
     @property
     def acceptance_length(self) -> float:
@@ -125,12 +129,14 @@ class LLMEngine:
         self._ids = itertools.count()
         self.drafter: Drafter | None = None
         self.verifier: AdaptiveVerifier | None = None
+        self.round_log: list[tuple[np.ndarray | None, int, int]] | None = None
         if config.spec is not SpecMode.NONE:
-            self.drafter = drafter or NgramDrafter(config.num_drafts)
+            self.drafter = drafter or self._build_drafter(config.drafter)
             if self.drafter.num_positions < config.num_drafts:
                 raise ValueError(
                     f"K={config.num_drafts} exceeds the drafter's block of "
-                    f"{self.drafter.num_positions}; lower --k"
+                    f"{self.drafter.num_positions}: lower --k (num_drafts), or turn "
+                    "speculation off with --spec none"
                 )
             self.acceptance = OnlineAcceptance(config.num_drafts)
         if config.spec is SpecMode.ADAPTIVE:
@@ -186,6 +192,28 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
+    def _build_drafter(self, name: str) -> Drafter:
+        from dspark.engine.drafter import DSparkDrafter, find_drafter
+        from dspark.models.drafter import load_drafter
+
+        if name == "ngram":
+            return NgramDrafter(self.config.num_drafts)
+        path = (
+            find_drafter(self.loaded.config, required=name == "dspark")
+            if name
+            in (
+                "auto",
+                "dspark",
+            )
+            else name
+        )
+        if path is None:
+            return NgramDrafter(self.config.num_drafts)
+        model = load_drafter(path, self.model)
+        config = self.config
+        room = config.max_num_seqs * (model.config.block_size + config.block_size)
+        return DSparkDrafter(model, config.kv_cache_tokens + room, config.block_size)
+
     def _on_admit(self, request: Request) -> None:
         if self.verifier is not None:
             self.verifier.add_request(request.slot)
@@ -205,7 +233,7 @@ class LLMEngine:
         chunks = self.scheduler.schedule(room)
         if not chunks:
             return []
-        drafts = self._draft(chunks)
+        drafts, draft_probs = self._draft(chunks)
         tokens, positions, num_cached, num_query = [], [], [], []
         for chunk, extra in zip(chunks, drafts, strict=True):
             request = chunk.request
@@ -227,32 +255,42 @@ class LLMEngine:
             [c.request.table for c in chunks], np.array(num_cached), num_query_np
         )
         start_time = self._clock()
-        hidden, _ = self.model(
+        hidden, captured = self.model(
             torch.tensor(tokens, device=self.device),
             torch.from_numpy(np.concatenate(positions)).to(self.device),
             batch,
             self.cache.layers,
+            capture_layers=getattr(self.drafter, "capture_layers", ()),
         )
         logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]) if rows else None
         self.stats.forward_ms.append(self._clock() - start_time)
-        return self._apply(chunks, drafts, logits, owners)
+        features = torch.cat(captured, dim=-1) if captured else None
+        row_starts = ends - num_query_np
+        return self._apply(chunks, drafts, draft_probs, logits, owners, row_starts, features)
 
-    def _draft(self, chunks: list[ScheduledChunk]) -> list[list[int]]:
+    def _draft(self, chunks: list[ScheduledChunk]) -> tuple[list[list[int]], list]:
         drafts: list[list[int]] = [[] for _ in chunks]
+        probs: list[torch.Tensor | None] = [None] * len(chunks)
+        self._round_confidences: dict[int, np.ndarray] = {}
         if self.drafter is None:
-            return drafts
+            return drafts, probs
         decode_index = [i for i, c in enumerate(chunks) if c.is_decode]
         if not decode_index:
-            return drafts
+            return drafts, probs
         limits = np.array([self._draft_limit(chunks[i]) for i in decode_index])
         start = self._clock()
         proposal: Proposal = self.drafter.propose([chunks[i].request for i in decode_index], limits)
         self.stats.drafter_ms.append(self._clock() - start)
-        for i, proposed, limit in zip(decode_index, proposal.tokens, limits, strict=True):
+        for row, (i, proposed, limit) in enumerate(
+            zip(decode_index, proposal.tokens, limits, strict=True)
+        ):
             drafts[i] = list(proposed[:limit])
+            probs[i] = proposal.draft_probs[row]
+            if self.round_log is not None and proposal.confidences is not None:
+                self._round_confidences[i] = np.array(proposal.confidences[row])
         if self.verifier is not None:
             self._admit_adaptively(chunks, drafts, decode_index, proposal)
-        return drafts
+        return drafts, probs
 
     def _draft_limit(self, chunk: ScheduledChunk) -> int:
         request = chunk.request
@@ -270,6 +308,7 @@ class LLMEngine:
         proposal: Proposal,
     ) -> None:
         """Stale budget, fresh allocation (``dspark.scheduling.verifier``)."""
+        start = time.perf_counter()
         k = self.config.num_drafts
         decoding = np.array([chunks[i].request.slot for i in decode_index])
         confidences = proposal.confidences
@@ -286,13 +325,17 @@ class LLMEngine:
         self.stats.budgets.append(budget)
         for i, count in enumerate(admitted):
             drafts[i] = drafts[i][:count]
+        self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3)
 
     def _apply(
         self,
         chunks: list[ScheduledChunk],
         drafts: list[list[int]],
+        draft_probs: list[torch.Tensor | None],
         logits: torch.Tensor | None,
         owners: list[tuple[int, int]],
+        row_starts: np.ndarray,
+        features: torch.Tensor | None,
     ) -> list[Request]:
         self.stats.num_steps += 1
         touched = []
@@ -302,16 +345,25 @@ class LLMEngine:
             sampled[i] = logits[offset : offset + count]
             offset += count
         admitted, accepted = [], []
+        kept: list[tuple[Request, int, int, int]] = []  # request, position, row, count
         for i, (chunk, extra) in enumerate(zip(chunks, drafts, strict=True)):
             request = chunk.request
             if i not in sampled:
+                kept.append((request, request.num_computed, row_starts[i], chunk.num_tokens))
                 request.num_computed += chunk.num_tokens
                 continue
             is_decode = chunk.is_decode
+            probs = draft_probs[i]
             num_accepted, new_tokens = verify(
-                sampled[i], extra, None, request.params, request.generator
+                sampled[i],
+                extra,
+                None if probs is None else probs[: len(extra)],
+                request.params,
+                request.generator,
             )
-            request.num_computed += chunk.num_tokens + num_accepted
+            count = chunk.num_tokens + num_accepted
+            kept.append((request, request.num_computed, row_starts[i], count))
+            request.num_computed += count
             if is_decode and self.drafter is not None:
                 request.num_rounds += 1
                 request.num_drafts_verified += len(extra)
@@ -322,11 +374,30 @@ class LLMEngine:
                 admitted.append(len(extra))
                 accepted.append(num_accepted)
                 self.drafter.on_verified(request, num_accepted)
+                if self.round_log is not None:
+                    self.round_log.append(
+                        (self._round_confidences.get(i), len(extra), num_accepted)
+                    )
             self._emit(request, new_tokens)
             touched.append(request)
         if admitted:
             self.acceptance.update(np.array(admitted), np.array(accepted))
+        if features is not None:
+            self._observe(kept, features)
         return touched
+
+    def _observe(self, kept: list[tuple[Request, int, int, int]], features: torch.Tensor) -> None:
+        """Hand the drafter the target features of the positions each request kept."""
+        kept = [item for item in kept if not item[0].is_finished and item[3] > 0]
+        if not kept:
+            return
+        rows = np.concatenate([np.arange(row, row + count) for _, _, row, count in kept])
+        self.drafter.observe(
+            [item[0] for item in kept],
+            [item[1] for item in kept],
+            [item[3] for item in kept],
+            features[torch.from_numpy(rows).to(features.device)],
+        )
 
     def _emit(self, request: Request, new_tokens: list[int]) -> None:
         """Append tokens one by one, stopping at EOS, a stop string or a length limit."""

@@ -81,8 +81,11 @@ class PagedKVCache:
         tables: list[BlockTable],
         num_cached: np.ndarray,  # [R] tokens already in the cache per request
         num_query: np.ndarray,  # [R] tokens computed this step per request
+        causal: bool = True,
     ) -> AttentionBatch:
-        """Cache rows to write and read, and the causal masks, for one packed step."""
+        """Cache rows to write and read, and the masks, for one packed step. With
+        ``causal=False`` each request's new tokens see one another both ways (a drafter's
+        parallel block) as well as everything cached before them."""
         total = num_cached + num_query
         starts = np.concatenate(([0], np.cumsum(num_query)[:-1]))
         write = [
@@ -96,11 +99,12 @@ class PagedKVCache:
         return AttentionBatch(
             write_index=torch.from_numpy(np.concatenate(write)).to(self.device),
             groups=[
-                self._group(tables, members, num_cached, num_query, starts) for members in groups
+                self._group(tables, members, num_cached, num_query, starts, causal)
+                for members in groups
             ],
         )
 
-    def _group(self, tables, members, num_cached, num_query, starts) -> AttentionGroup:
+    def _group(self, tables, members, num_cached, num_query, starts, causal) -> AttentionGroup:
         cached, query, begin = num_cached[members], num_query[members], starts[members]
         total = cached + query
         max_len, max_query = int(total.max()), int(query.max())
@@ -110,8 +114,11 @@ class PagedKVCache:
         offsets = np.arange(max_query)
         query_valid = offsets[None, :] < query[:, None]
         query_index = np.where(query_valid, begin[:, None] + offsets[None, :], 0)
-        query_pos = cached[:, None] + offsets[None, :]  # absolute position of each query
-        mask = np.arange(max_len)[None, None, :] <= query_pos[:, :, None]  # causal
+        if causal:  # a query sees keys up to its own absolute position
+            last_seen = cached[:, None] + offsets[None, :]
+        else:  # ... or every key of its request
+            last_seen = np.broadcast_to((total - 1)[:, None], (len(members), max_query))
+        mask = np.arange(max_len)[None, None, :] <= last_seen[:, :, None]
         mask &= query_valid[:, :, None]
         mask[:, :, 0] = True  # padded queries attend somewhere (their output is dropped)
         device = self.device

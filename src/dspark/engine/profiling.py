@@ -140,12 +140,20 @@ def _dummy_step(
         drafter_ms = 0.0
         if engine.drafter is not None:
             dummies = [
-                Request("profile", rng.integers(0, vocab, context).tolist(), SamplingParams(), 0.0)
-                for _ in query
+                Request(f"profile-{i}", ids.tolist(), SamplingParams(), 0.0)
+                for i, ids in enumerate(rng.integers(0, vocab, (len(query), context)))
             ]
-            start = engine._clock()
-            engine.drafter.propose(dummies, np.full(len(query), engine.config.num_drafts))
-            drafter_ms = engine._clock() - start
+            prepare = getattr(engine.drafter, "prepare_dummy", None)
+            try:
+                for dummy in dummies:  # a drafter with a context cache: pretend it is full
+                    if prepare is not None:
+                        prepare(dummy)
+                start = engine._clock()
+                engine.drafter.propose(dummies, np.full(len(query), engine.config.num_drafts))
+                drafter_ms = engine._clock() - start
+            finally:
+                for dummy in dummies:
+                    engine.drafter.on_finished(dummy)
         return forward_ms, drafter_ms
     finally:
         for table in tables:

@@ -85,8 +85,8 @@ class Rotary(nn.Module):
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        cos = self.cos[positions].unsqueeze(-2).to(x.dtype)  # [..., T, 1, D]
+        sin = self.sin[positions].unsqueeze(-2).to(x.dtype)
         return x * cos + rotate_half(x) * sin
 
 
@@ -134,25 +134,39 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(q, positions), rotary(k, positions)
-        k_cache.index_copy_(0, batch.write_index, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, batch.write_index, v.to(v_cache.dtype))
-        out = q if len(batch.groups) == 1 else torch.empty_like(q)  # [T, heads, D]
-        for group in batch.groups:
-            keys = group.cached(k_cache).transpose(1, 2)  # [R, kv_heads, max_len, D]
-            values = group.cached(v_cache).transpose(1, 2)
-            queries = q[group.query_index].transpose(1, 2)  # [R, heads, max_query, D]
-            attended = F.scaled_dot_product_attention(
-                queries,
-                keys.to(q.dtype),
-                values.to(q.dtype),
-                attn_mask=group.mask,
-                enable_gqa=self.num_heads != self.num_kv_heads,
-            ).transpose(1, 2)[group.query_valid]  # [valid queries, heads, D]
-            if len(batch.groups) == 1:
-                out = attended  # one group covers every token, already in packed order
-            else:
-                out[group.out_index] = attended
+        out = paged_attention(q, k, v, batch, k_cache, v_cache)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, heads, D], rotated
+    k: torch.Tensor,  # [T, kv_heads, D], rotated
+    v: torch.Tensor,  # [T, kv_heads, D]
+    batch: AttentionBatch,
+    k_cache: torch.Tensor,  # [num_rows, kv_heads, D]
+    v_cache: torch.Tensor,
+) -> torch.Tensor:
+    """Write the step's keys and values to their cache rows, then attend each group of
+    requests over its rows; ``[T, heads, D]`` in packed order."""
+    k_cache.index_copy_(0, batch.write_index, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, batch.write_index, v.to(v_cache.dtype))
+    out = q if len(batch.groups) == 1 else torch.empty_like(q)
+    for group in batch.groups:
+        keys = group.cached(k_cache).transpose(1, 2)  # [R, kv_heads, max_len, D]
+        values = group.cached(v_cache).transpose(1, 2)
+        queries = q[group.query_index].transpose(1, 2)  # [R, heads, max_query, D]
+        attended = F.scaled_dot_product_attention(
+            queries,
+            keys.to(q.dtype),
+            values.to(q.dtype),
+            attn_mask=group.mask,
+            enable_gqa=q.shape[1] != k.shape[1],
+        ).transpose(1, 2)[group.query_valid]  # [valid queries, heads, D]
+        if len(batch.groups) == 1:
+            out = attended  # one group covers every token, already in packed order
+        else:
+            out[group.out_index] = attended
+    return out
 
 
 def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -238,6 +252,50 @@ class LlamaModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+    def forward_dense(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        positions: torch.Tensor,  # [B, T] (or [T])
+        mask: torch.Tensor | None,  # [B, 1, T, S] bool, True = attend; None: causal, S = T
+        capture_layers: Sequence[int] = (),
+        cache: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,  # [B, L, kv, D]
+        cache_start: int = 0,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The same decoder over a padded ``[B, T]`` batch (training and bulk generation,
+        where a paged cache only gets in the way). With ``cache``, keys and values go to
+        columns ``cache_start ... cache_start + T`` and attention reads every column up
+        to there."""
+        batch, length = input_ids.shape
+        hidden = self.embed_tokens(input_ids)
+        captured = []
+        for index, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            q = attn.q_proj(x).view(batch, length, attn.num_heads, attn.head_dim)
+            k = attn.k_proj(x).view(batch, length, attn.num_kv_heads, attn.head_dim)
+            v = attn.v_proj(x).view(batch, length, attn.num_kv_heads, attn.head_dim)
+            if attn.q_norm is not None:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+            if cache is not None:
+                k_cache, v_cache = cache[index]
+                k_cache[:, cache_start : cache_start + length] = k
+                v_cache[:, cache_start : cache_start + length] = v
+                k, v = k_cache[:, : cache_start + length], v_cache[:, : cache_start + length]
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                attn_mask=mask,
+                is_causal=mask is None,
+                enable_gqa=attn.num_heads != attn.num_kv_heads,
+            ).transpose(1, 2)
+            hidden = hidden + attn.o_proj(out.reshape(batch, length, -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            if index in capture_layers:
+                captured.append(hidden)
+        return self.norm(hidden), captured
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> set[str]:
         """Copy Hugging Face-named weights in; returns the names left unfilled."""

@@ -1,0 +1,316 @@
+"""``dspark bench``: no speculation vs every fixed K vs adaptive verification, across load.
+
+A closed loop per concurrency level: that many requests are in flight at all times (a
+finished one is replaced by the next prompt) until the level's requests are done. Every
+configuration runs the same held-out prompts on the same engine settings with the same
+drafter (by default the shipped DSpark drafter of the model, else n-gram). Repeats are
+interleaved (repeat 1 of every configuration, then repeat 2, ...) so that drifts of the
+machine's speed spread over all of them; tables quote medians.
+
+Per configuration and level: aggregate tok/s (generated tokens, each counted once, over
+the level's wall time), per-user tok/s and TPOT p50/p99 from each request's own
+timestamps (first token to finish), acceptance length (tokens per decode round, bonus
+included), verified tokens per decode round, and for adaptive the share of wall time
+spent choosing the budget and allocating drafts. Writes a table, JSON and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.sampling import SamplingParams
+from dspark.models.loader import load_model, resolve_dtype
+
+
+@dataclass(frozen=True)
+class Setting:
+    spec: str  # none | fixed | adaptive
+    k: int  # fixed: the K; adaptive: the most drafts per request
+
+    @property
+    def label(self) -> str:
+        return {"none": "no spec", "fixed": f"K={self.k}", "adaptive": f"adaptive≤{self.k}"}[
+            self.spec
+        ]
+
+
+@dataclass
+class Measurement:
+    label: str
+    spec: str
+    k: int
+    concurrency: int
+    requests: int
+    tokens: int
+    seconds: float
+    tok_s: float
+    per_user_tok_s: float  # median over requests
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    acceptance_length: float
+    verified_per_round: float
+    schedule_share: float  # adaptive: budget + allocation time / wall time
+
+
+def closed_loop(
+    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, concurrency: int
+) -> tuple[list, float]:
+    """Run ``prompts`` keeping ``concurrency`` in flight; finished requests and seconds."""
+    queue = list(prompts)
+    running, finished = [], []
+    start = time.perf_counter()
+    while queue or running:
+        while queue and len(running) < concurrency:
+            running.append(engine.add_request(queue.pop(0), params))
+        engine.step()
+        still = []
+        for request in running:
+            (finished if request.is_finished else still).append(request)
+        running = still
+    seconds = time.perf_counter() - start
+    for request in finished:
+        engine.requests.pop(request.request_id, None)
+    return finished, seconds
+
+
+def measure(
+    engine: LLMEngine,
+    setting: Setting,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    concurrency: int,
+) -> Measurement:
+    warm = SamplingParams(temperature=0.0, max_tokens=4)
+    closed_loop(engine, prompts[:1], warm, 1)
+    engine.stats.__init__()
+    finished, seconds = closed_loop(engine, prompts, params, concurrency)
+    failed = [r for r in finished if r.error]
+    if failed:
+        raise ValueError(f"{len(failed)} benchmark requests failed: {failed[0].error}")
+    tokens = sum(len(r.output_ids) for r in finished)
+    tpot = [
+        (r.finish_time - r.first_token_time) / (len(r.output_ids) - 1)
+        for r in finished
+        if len(r.output_ids) > 1
+    ]
+    tpot = np.array(tpot) if tpot else np.array([np.nan])
+    stats = engine.stats
+    return Measurement(
+        label=setting.label,
+        spec=setting.spec,
+        k=setting.k,
+        concurrency=concurrency,
+        requests=len(finished),
+        tokens=tokens,
+        seconds=round(seconds, 3),
+        tok_s=tokens / seconds,
+        per_user_tok_s=float(np.median(1.0 / tpot)),
+        tpot_p50_ms=float(np.percentile(tpot, 50) * 1e3),
+        tpot_p99_ms=float(np.percentile(tpot, 99) * 1e3),
+        acceptance_length=stats.acceptance_length,
+        verified_per_round=stats.verified_per_step,
+        schedule_share=sum(stats.schedule_ms) / (seconds * 1e3),
+    )
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    cuda = torch.cuda.is_available()
+    parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
+    parser.add_argument("--device", default="cuda" if cuda else "cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    parser.add_argument("--dataset", choices=["sharegpt", "humaneval"], default="sharegpt")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=[1, 4, 16, 64, 256] if cuda else [1, 4],
+        help="closed-loop levels (default: 1 4 on CPU, 1 ... 256 on CUDA)",
+    )
+    parser.add_argument(
+        "--fixed", type=int, nargs="*", default=[1, 3, 5, 7], help="fixed K values to compare"
+    )
+    parser.add_argument("--k", type=int, default=7, help="adaptive: the most drafts per request")
+    parser.add_argument("--no-baseline", action="store_true", help="skip no speculation")
+    parser.add_argument("--no-adaptive", action="store_true")
+    parser.add_argument("--drafter", default="auto", help="auto | dspark | ngram | DIR")
+    parser.add_argument("--requests-per-user", type=int, default=2)
+    parser.add_argument("--min-requests", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--max-prompt-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--prompts", default=None, help="tokenised prompt splits file")
+    parser.add_argument("--out", default="bench-results", help="directory for JSON and PNG")
+
+
+def bench_prompts(loaded, args, count: int) -> list[list[int]]:
+    from dspark.train.data import humaneval_prompts, load_prompts, sharegpt_prompts
+
+    if args.prompts:
+        given = load_prompts(args.prompts)
+        pool = given["eval" if args.dataset == "sharegpt" else "humaneval"]
+        pool = [p for p in pool if len(p) <= args.max_prompt_tokens]
+    elif args.dataset == "sharegpt":
+        pool = sharegpt_prompts(loaded.tokenizer, "eval", args.max_prompt_tokens, count)
+    else:
+        pool = humaneval_prompts(loaded.tokenizer, args.max_prompt_tokens)
+    if not pool:
+        raise ValueError(f"no {args.dataset} prompt fits {args.max_prompt_tokens} tokens")
+    return [pool[i % len(pool)] for i in range(count)]
+
+
+def engine_for(loaded, setting: Setting, concurrency: int, args) -> LLMEngine:
+    k = max(setting.k, 1)
+    out = Path(args.out)
+    config = EngineConfig(
+        spec=setting.spec,
+        num_drafts=k,
+        drafter=args.drafter,
+        max_num_seqs=concurrency,
+        max_num_batched_tokens=max(512, concurrency * (k + 1)),
+        kv_cache_tokens=max(4096, concurrency * (args.max_prompt_tokens + args.max_tokens + 32)),
+        profile_path=str(out / "profiles" / f"profile-c{concurrency}-k{k}-{args.device}.json"),
+    )
+    return LLMEngine(loaded, config)
+
+
+def main(args: argparse.Namespace) -> None:
+    if args.repeats < 1 or min(args.concurrency) < 1:
+        raise ValueError("--repeats and every --concurrency must be at least 1")
+    if any(not 1 <= k <= args.k for k in args.fixed):
+        raise ValueError(f"--fixed values must be in 1..{args.k} (--k)")
+    dtype = resolve_dtype(args.dtype, args.device)
+    loaded = load_model(args.model, dtype=dtype, device=args.device)
+    settings = [] if args.no_baseline else [Setting("none", 0)]
+    settings += [Setting("fixed", k) for k in args.fixed]
+    if not args.no_adaptive:
+        settings.append(Setting("adaptive", args.k))
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    runs: dict[tuple[str, int], list[Measurement]] = {}
+    jobs = [
+        (repeat, c, s) for repeat in range(args.repeats) for c in args.concurrency for s in settings
+    ]
+    drafter_name = None
+    for _, concurrency, setting in tqdm(jobs, desc="bench"):
+        count = max(args.min_requests, concurrency * args.requests_per_user)
+        prompts = bench_prompts(loaded, args, count + 1)
+        engine = engine_for(loaded, setting, concurrency, args)
+        if engine.drafter is not None:
+            drafter_name = type(engine.drafter).__name__
+        result = measure(engine, setting, prompts[1:], params, concurrency)
+        runs.setdefault((setting.label, concurrency), []).append(result)
+        del engine
+    rows = [summarise(measurements) for measurements in runs.values()]
+    report(rows, args, dtype, drafter_name)
+
+
+def summarise(measurements: list[Measurement]) -> dict:
+    """Medians over repeats (and each repeat's tok/s, for the spread)."""
+    row = asdict(measurements[0])
+    for key in ("tok_s", "per_user_tok_s", "tpot_p50_ms", "tpot_p99_ms", "schedule_share"):
+        row[key] = float(np.median([getattr(m, key) for m in measurements]))
+    for key in ("acceptance_length", "verified_per_round"):
+        row[key] = float(np.mean([getattr(m, key) for m in measurements]))
+    row["tok_s_runs"] = [round(m.tok_s, 2) for m in measurements]
+    return row
+
+
+def report(rows: list[dict], args, dtype, drafter_name: str | None) -> None:
+    out = Path(args.out)
+    if args.device.startswith("cuda"):
+        device = torch.cuda.get_device_name()
+    else:
+        device = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+    header = (
+        f"{'conc':>4} {'setting':>12} {'tok/s':>9} {'user tok/s':>10} {'TPOT p50':>9} "
+        f"{'TPOT p99':>9} {'accept':>6} {'verify':>6} {'sched%':>6}"
+    )
+    print(header)
+    for row in rows:
+        print(
+            f"{row['concurrency']:>4} {row['label']:>12} {row['tok_s']:>9.1f} "
+            f"{row['per_user_tok_s']:>10.1f} {row['tpot_p50_ms']:>8.1f}ms "
+            f"{row['tpot_p99_ms']:>8.1f}ms {row['acceptance_length']:>6.2f} "
+            f"{row['verified_per_round']:>6.2f} {100 * row['schedule_share']:>6.2f}"
+        )
+    verdicts = compare(rows)
+    for line in verdicts:
+        print(line)
+    payload = {
+        "device": device,
+        "dtype": str(dtype),
+        "torch": torch.__version__,
+        "dataset": args.dataset,
+        "drafter": f"{args.drafter} ({drafter_name})",
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "repeats": args.repeats,
+        "rows": rows,
+        "summary": verdicts,
+    }
+    (out / "bench.json").write_text(json.dumps(payload, indent=1))
+    plot(rows, out / "bench.png", f"{args.dataset}, {device}, {dtype}")
+    print(f"[dspark] wrote {out}/bench.json and bench.png")
+
+
+def compare(rows: list[dict]) -> list[str]:
+    """Per level: adaptive against the best fixed K and against no speculation."""
+    lines = []
+    for concurrency in sorted({r["concurrency"] for r in rows}):
+        level = [r for r in rows if r["concurrency"] == concurrency]
+        adaptive = next((r for r in level if r["spec"] == "adaptive"), None)
+        fixed = [r for r in level if r["spec"] == "fixed"]
+        baseline = next((r for r in level if r["spec"] == "none"), None)
+        if adaptive is None:
+            continue
+        parts = [f"concurrency {concurrency}: adaptive {adaptive['tok_s']:.1f} tok/s"]
+        if fixed:
+            best = max(fixed, key=lambda r: r["tok_s"])
+            parts.append(f"{adaptive['tok_s'] / best['tok_s']:.3f}x best fixed ({best['label']})")
+        if baseline:
+            parts.append(f"{adaptive['tok_s'] / baseline['tok_s']:.3f}x no spec")
+        lines.append(", ".join(parts))
+    return lines
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    for label in labels:
+        series = sorted((r for r in rows if r["label"] == label), key=lambda r: r["concurrency"])
+        style = dict(marker="o", lw=2.5 if label.startswith("adaptive") else 1.2)
+        if label == "no spec":
+            style.update(color="black", ls="--")
+        x = [r["concurrency"] for r in series]
+        left.plot(x, [r["tok_s"] for r in series], label=label, **style)
+        user = [r["per_user_tok_s"] for r in series]
+        right.plot(user, [r["tok_s"] for r in series], label=label, **style)
+    left.set_xscale("log", base=2)
+    left.set_xlabel("concurrency (requests in flight)")
+    left.set_ylabel("aggregate tok/s")
+    left.set_title(f"throughput vs load ({title})", fontsize=9)
+    right.set_xlabel("per-user tok/s (median 1/TPOT)")
+    right.set_ylabel("aggregate tok/s")
+    right.set_title("throughput vs per-user speed", fontsize=9)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,197 @@
+"""The DSpark drafter inside the engine: a paged context cache and one block pass per step.
+
+The drafter keeps, per request, the keys and values of every draft layer for the context
+vectors of the positions the target has computed (``observe``, fed by the engine after
+each forward with the captured target layers of the tokens that were kept). Its cache
+rows follow the same block tables as the target's: a rollback is a shorter length, and
+the rows beyond it are simply written again. ``propose`` runs the block (anchor + K-1 mask
+tokens at positions p ... p+K-1) over that cache without a causal mask inside the block,
+then samples the Markov head left to right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dspark.engine.kv_cache import BlockTable, PagedKVCache
+from dspark.engine.request import Request
+from dspark.engine.sampling import target_probs
+from dspark.engine.speculative import Proposal
+from dspark.models.config import ModelConfig
+from dspark.models.drafter import CONFIG_FILE, DraftModel, read_drafter_config
+from dspark.models.llama import paged_attention
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "drafters"
+
+
+class DSparkDrafter:
+    """``Drafter`` protocol over a ``DraftModel`` (see ``dspark.engine.speculative``)."""
+
+    def __init__(self, model: DraftModel, num_rows: int, block_size: int = 16) -> None:
+        self.model = model
+        self.num_positions = model.config.block_size
+        self.capture_layers = model.config.capture_layers
+        param = next(model.parameters())
+        self.device = param.device
+        self.cache = PagedKVCache(
+            model.config.layer_config(),
+            -(-num_rows // block_size),
+            block_size,
+            param.dtype,
+            param.device,
+        )
+        self.tables: dict[str, BlockTable] = {}
+        self.lengths: dict[str, int] = {}  # context positions cached per request
+
+    @property
+    def has_confidence(self) -> bool:
+        return self.model.config.confidence_head
+
+    # ---- context -----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def observe(
+        self,
+        requests: Sequence[Request],
+        starts: Sequence[int],
+        counts: Sequence[int],
+        features: torch.Tensor,  # [sum(counts), n_layers · d], packed in request order
+    ) -> None:
+        """The target computed (and kept) positions ``start ... start+count-1`` of each
+        request; cache their context keys and values (cutting anything after them)."""
+        rows, positions = [], []
+        keep = []
+        for request, start, count in zip(requests, starts, counts, strict=True):
+            table = self.tables.setdefault(request.request_id, BlockTable())
+            known = self.lengths.get(request.request_id, 0)
+            # Room for the context and for the block that will follow it.
+            if start > known or not self.cache.reserve(table, start + count + self.num_positions):
+                # A gap (never expected) or a full pool: stop drafting for this request.
+                self.lengths[request.request_id] = -1
+                keep.append(np.zeros(count, dtype=bool))
+                continue
+            self.lengths[request.request_id] = start + count
+            span = np.arange(start, start + count)
+            rows.append(table.rows(span, self.cache.block_size))
+            positions.append(span)
+            keep.append(np.ones(count, dtype=bool))
+        if not rows:
+            return
+        mask = np.concatenate(keep)
+        if not mask.all():
+            features = features[torch.from_numpy(mask).to(features.device)]
+        write = torch.from_numpy(np.concatenate(rows)).to(self.device)
+        position = torch.from_numpy(np.concatenate(positions)).to(self.device)
+        context = self.model.context(features)
+        for layer, (k_cache, v_cache) in zip(self.model.layers, self.cache.layers, strict=True):
+            k, v = self.model.context_kv(layer, context, position)
+            k_cache.index_copy_(0, write, k.to(k_cache.dtype))
+            v_cache.index_copy_(0, write, v.to(v_cache.dtype))
+
+    # ---- drafting ----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def propose(self, requests: Sequence[Request], max_drafts: np.ndarray) -> Proposal:
+        k = self.num_positions
+        num = len(requests)
+        tokens: list[list[int]] = [[] for _ in range(num)]
+        probs: list[torch.Tensor | None] = [None] * num
+        confidences = np.zeros((num, k), dtype=np.float32)
+        # Requests whose context is complete up to their last token (the anchor).
+        ready = [
+            i
+            for i, r in enumerate(requests)
+            if max_drafts[i] > 0 and self.lengths.get(r.request_id, -1) == r.num_tokens - 1
+        ]
+        if not ready:
+            return Proposal(tokens, probs, confidences if self.has_confidence else None)
+        chosen = [requests[i] for i in ready]
+        anchor_pos = np.array([r.num_tokens - 1 for r in chosen])
+        batch = self.cache.attention_batch(
+            [self.tables[r.request_id] for r in chosen],
+            anchor_pos,
+            np.full(len(chosen), k),
+            causal=False,
+        )
+        anchors = torch.tensor([r.all_ids[-1] for r in chosen], device=self.device)
+        positions = torch.from_numpy((anchor_pos[:, None] + np.arange(k)).ravel()).to(self.device)
+        model = self.model
+        hidden = model.block_input(anchors).flatten(0, 1)  # [n·K, d]
+        for layer, (k_cache, v_cache) in zip(model.layers, self.cache.layers, strict=True):
+            q, k_new, v_new = model.block_queries(layer, hidden, positions)
+            attended = paged_attention(q, k_new, v_new, batch, k_cache, v_cache)
+            hidden = model.finish_layer(layer, hidden, attended)
+        hidden = model.norm(hidden).view(len(chosen), k, -1)
+        drafted, sampled_probs, conf_logits = self._sample(chosen, hidden, anchors)
+        drafted_host = drafted.tolist()
+        if conf_logits is not None:
+            confidences[ready] = model.calibrated(conf_logits).cpu().numpy()
+        for row, i in enumerate(ready):
+            tokens[i] = drafted_host[row]
+            if sampled_probs[row] is not None:
+                probs[i] = sampled_probs[row]
+        return Proposal(tokens, probs, confidences if self.has_confidence else None)
+
+    def _sample(self, requests: list[Request], hidden: torch.Tensor, anchors: torch.Tensor):
+        """Left-to-right Markov sampling: greedy requests take the argmax, the others
+        sample from their own temperature/top-k/top-p applied to the draft logits."""
+        k = self.num_positions
+        sampling = [i for i, r in enumerate(requests) if not r.params.is_greedy]
+        step_probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        previous = anchors
+        drafted, conf_logits = [], []
+        for position in range(k):
+            logits, conf = self.model.heads(hidden[:, position], previous)
+            token = logits.argmax(dim=-1)
+            for i in sampling:
+                request = requests[i]
+                p = target_probs(logits[i : i + 1], request.params)[0]
+                step_probs[i].append(p)
+                token[i] = torch.multinomial(p, 1, generator=request.generator)[0]
+            drafted.append(token)
+            if conf is not None:
+                conf_logits.append(conf)
+            previous = token
+        sampled = [torch.stack(p) if p else None for p in step_probs]
+        return (
+            torch.stack(drafted, dim=1),
+            sampled,
+            torch.stack(conf_logits, dim=1) if conf_logits else None,
+        )
+
+    def prepare_dummy(self, request: Request) -> None:
+        """Make ``request`` look fully observed (its cache rows hold whatever is there),
+        so that start-up profiling times a real block pass."""
+        table = self.tables.setdefault(request.request_id, BlockTable())
+        if not self.cache.reserve(table, request.num_tokens + self.num_positions):
+            raise ValueError("the drafter's cache is too small to profile; lower max_num_seqs")
+        self.lengths[request.request_id] = request.num_tokens - 1
+
+    def on_verified(self, request: Request, num_accepted: int) -> None:
+        pass  # the engine's observe() call carries the kept positions
+
+    def on_finished(self, request: Request) -> None:
+        table = self.tables.pop(request.request_id, None)
+        if table is not None:
+            self.cache.release(table)
+        self.lengths.pop(request.request_id, None)
+
+
+def find_drafter(target: ModelConfig, required: bool = False) -> Path | None:
+    """The shipped drafter built for a target of this shape, or None (an error with
+    ``required``)."""
+    for directory in sorted(SHIPPED_DIR.glob("*")):
+        if (directory / CONFIG_FILE).is_file() and read_drafter_config(directory)[0].matches(
+            target
+        ):
+            return directory
+    if required:
+        raise ValueError(
+            "no shipped DSpark drafter matches this model; train one with "
+            "dspark train-drafter and pass its directory, or use --drafter ngram"
+        )
+    return None

@@ -1,0 +1,158 @@
+"""``dspark train-drafter``: self-distillation data and a trained DSpark drafter.
+
+Without --data it first has the target answer ShareGPT prompts greedily (training split,
+plus held-out calibration and evaluation splits; see ``dspark.datasets.sharegpt_split``)
+and saves them under OUT/data/. Then it trains, evaluating the held-out greedy acceptance
+length every --eval-every steps, and writes OUT/drafter.safetensors, OUT/drafter.json and
+OUT/history.json. --no-heads trains the DFlash ablation (same backbone, no Markov or
+confidence head).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from dspark.models.drafter import DrafterConfig, DraftModel, count_parameters, save_drafter
+from dspark.models.loader import load_model, resolve_dtype
+from dspark.train.data import DistillSet, generate_greedy, load_prompts, sharegpt_prompts
+from dspark.train.trainer import TrainConfig, config_dict, init_drafter, train
+
+SPLIT_FILES = {"train": "train.npz", "calib": "calib.npz", "eval": "eval.npz"}
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="directory for the drafter and its data")
+    parser.add_argument("--model", default=None, help="target (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    data = parser.add_argument_group("data")
+    data.add_argument(
+        "--data", default=None, help="data directory: reused if it has the splits, else filled"
+    )
+    data.add_argument(
+        "--prompts", default=None, help="tokenised prompt splits (python -m dspark.train.data)"
+    )
+    data.add_argument("--num-prompts", type=int, default=4000, help="training prompts")
+    data.add_argument("--heldout-prompts", type=int, default=400, help="per held-out split")
+    data.add_argument("--max-prompt-tokens", type=int, default=256)
+    data.add_argument("--max-new-tokens", type=int, default=256)
+    data.add_argument("--gen-batch", type=int, default=256)
+    shape = parser.add_argument_group("drafter")
+    shape.add_argument("--layers", type=int, default=2, help="draft decoder layers")
+    shape.add_argument("--intermediate", type=int, default=1024, help="draft MLP width")
+    shape.add_argument("--k", type=int, default=7, help="block size (drafts per pass)")
+    shape.add_argument("--markov-rank", type=int, default=256)
+    shape.add_argument(
+        "--no-heads", action="store_true", help="DFlash ablation: no Markov/confidence head"
+    )
+    shape.add_argument(
+        "--capture-layers", default=None, help="comma-separated target layers (default: 5 spread)"
+    )
+    opt = parser.add_argument_group("optimisation")
+    defaults = TrainConfig()
+    opt.add_argument("--steps", type=int, default=defaults.steps)
+    opt.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    opt.add_argument("--anchors", type=int, default=defaults.anchors)
+    opt.add_argument("--max-length", type=int, default=defaults.max_length)
+    opt.add_argument("--lr", type=float, default=defaults.lr)
+    opt.add_argument("--warmup", type=int, default=defaults.warmup)
+    opt.add_argument("--eval-every", type=int, default=defaults.eval_every)
+    opt.add_argument("--max-minutes", type=float, default=None)
+    opt.add_argument("--seed", type=int, default=0)
+
+
+def build_data(loaded, args: argparse.Namespace, directory: Path) -> dict[str, DistillSet]:
+    """Generate (or reuse) the three splits under ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    held_out = args.heldout_prompts
+    counts = {"train": args.num_prompts, "calib": held_out, "eval": held_out}
+    given = load_prompts(args.prompts) if args.prompts else {}
+    sets = {}
+    for split, file in SPLIT_FILES.items():
+        path = directory / file
+        if path.is_file():
+            sets[split] = DistillSet.load(path)
+            continue
+        if split in given:
+            prompts = [p for p in given[split] if len(p) <= args.max_prompt_tokens][: counts[split]]
+        else:
+            prompts = sharegpt_prompts(
+                loaded.tokenizer, split, args.max_prompt_tokens, counts[split]
+            )
+        start = time.perf_counter()
+        answers = generate_greedy(
+            loaded.model,
+            prompts,
+            args.max_new_tokens,
+            loaded.stop_token_ids,
+            batch_size=args.gen_batch,
+            progress=True,
+        )
+        sets[split] = DistillSet.build(prompts, answers)
+        sets[split].save(path)
+        print(
+            f"[dspark] {split}: {len(sets[split])} sequences, "
+            f"{sets[split].num_answer_tokens} answer tokens in {time.perf_counter() - start:.0f} s"
+        )
+    return sets
+
+
+def main(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    dtype = resolve_dtype(args.dtype, args.device)
+    loaded = load_model(args.model, dtype=dtype, device=args.device)
+    data_dir = Path(args.data) if args.data else out / "data"
+    sets = build_data(loaded, args, data_dir)
+    overrides = dict(
+        num_layers=args.layers,
+        intermediate_size=args.intermediate,
+        block_size=args.k,
+        markov_rank=0 if args.no_heads else args.markov_rank,
+        confidence_head=not args.no_heads,
+    )
+    if args.capture_layers:
+        overrides["capture_layers"] = tuple(int(x) for x in args.capture_layers.split(","))
+    drafter_config = DrafterConfig.for_target(loaded.config, **overrides)
+    drafter = DraftModel(drafter_config).to(args.device)
+    init_drafter(drafter, args.seed)
+    drafter.attach(loaded.model)
+    print(
+        f"[dspark] drafter: {count_parameters(drafter) / 1e6:.2f} M parameters "
+        f"({count_parameters(drafter) * 2 / 2**20:.1f} MiB in bf16), layers "
+        f"{drafter_config.capture_layers} of the target as context"
+    )
+    config = TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        anchors=args.anchors,
+        max_length=args.max_length,
+        lr=args.lr,
+        warmup=min(args.warmup, max(1, args.steps // 10)),
+        eval_every=args.eval_every,
+        seed=args.seed,
+        max_minutes=args.max_minutes,
+    )
+    start = time.perf_counter()
+    history = train(loaded.model, drafter, sets["train"], sets["eval"], config)
+    minutes = (time.perf_counter() - start) / 60
+    evals = [h["eval"] for h in history if "eval" in h]
+    metadata = {
+        "kind": "dflash-ablation" if args.no_heads else "dspark",
+        "target": str(loaded.path.name),
+        "train": config_dict(config),
+        "steps_done": len(history),
+        "train_minutes": round(minutes, 2),
+        "device": str(torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"),
+        "data": {
+            s: {"sequences": len(d), "answer_tokens": d.num_answer_tokens} for s, d in sets.items()
+        },
+        "final_eval": evals[-1] if evals else None,
+    }
+    save_drafter(drafter, out, metadata)
+    (out / "history.json").write_text(json.dumps(history))
+    print(f"[dspark] saved {out} after {len(history)} steps ({minutes:.1f} min)")
