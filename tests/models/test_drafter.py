@@ -46,7 +46,7 @@ def random_drafter(target, seed: int = 1, **overrides) -> DraftModel:
 def setup(tmp_path):
     target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
     drafter = random_drafter(target)
-    assert drafter.config.capture_layers == (1,)  # 3 target layers: never the last
+    assert drafter.config.capture_layers == (0,)  # 3 target layers: never the last
     return target, drafter
 
 
