@@ -65,10 +65,37 @@ def synthetic_rounds(n=40_000, k=4, true_scale=(0.5, 2.0, 1.0, 0.7), seed=0):
 
 def test_sts_recovers_the_temperatures_and_lowers_ece():
     logits, accepted, truth = synthetic_rounds()
-    temperatures = fit_sequential_temperatures(logits[:20_000], accepted[:20_000])
+    temperatures, shifts = fit_sequential_temperatures(logits[:20_000], accepted[:20_000])
     np.testing.assert_allclose(temperatures, truth, rtol=0.15)
+    assert not shifts.any()  # plain STS
     held_out = logits[20_000:], accepted[20_000:]
     before = calibration_report(*held_out, None)
     after = calibration_report(*held_out, temperatures)
     assert max(after["ece"]) < 0.01 < max(before["ece"])
     assert all(a <= b + 1e-3 for a, b in zip(after["ece"], before["ece"], strict=True))
+
+
+def test_shifts_remove_a_constant_overconfidence_that_temperatures_cannot():
+    rng = np.random.default_rng(1)
+    n, k = 40_000, 3
+    logits = rng.normal(0.0, 1.5, size=(n, k))
+    accept = rng.random((n, k)) < sigmoid(logits - 0.8)  # the head is 0.8 logits too high
+    accepted = np.cumprod(accept, axis=1).sum(axis=1)
+    half = n // 2
+    plain, _ = fit_sequential_temperatures(logits[:half], accepted[:half])
+    temperatures, shifts = fit_sequential_temperatures(logits[:half], accepted[:half], shift=True)
+    np.testing.assert_allclose(shifts, -0.8, atol=0.15)
+    np.testing.assert_allclose(temperatures, 1.0, atol=0.2)
+    only_t = calibration_report(logits[half:], accepted[half:], plain)
+    both = calibration_report(logits[half:], accepted[half:], temperatures, shifts)
+    assert max(both["ece"]) < 0.01 < only_t["ece"][0]
+
+
+def test_vectorised_ece_matches_the_loop():
+    from dspark.train.calibration import ece_columns
+
+    rng = np.random.default_rng(2)
+    predicted = rng.random((500, 9))
+    observed = (rng.random(500) < 0.4).astype(float)
+    expected = [ece(predicted[:, j], observed) for j in range(9)]
+    np.testing.assert_allclose(ece_columns(predicted, observed), expected)

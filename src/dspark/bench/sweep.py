@@ -211,6 +211,8 @@ def main(args: argparse.Namespace) -> None:
         result = measure(engine, setting, prompts[1:], params, concurrency)
         runs.setdefault((setting.label, concurrency), []).append(result)
         del engine
+        partial = [asdict(m) for ms in runs.values() for m in ms]  # survives an interruption
+        (Path(args.out) / "bench.partial.json").write_text(json.dumps(partial))
     rows = [summarise(measurements) for measurements in runs.values()]
     report(rows, args, dtype, drafter_name)
 

@@ -15,7 +15,8 @@
   drafter under 16 MiB in bf16.
 - **Confidence head.** ``c_k = sigmoid(w · [h_k ; W1[x_{k-1}]])``: the drafter's estimate
   that draft k is accepted given that every earlier one was. Optional per-position
-  temperatures (sequential temperature scaling, ``dspark calibrate``) rescale its logit.
+  temperatures and shifts (sequential temperature scaling, ``dspark calibrate``) map its
+  logit z to z / T_k + b_k.
 
 ``forward_train`` runs many anchors of a padded batch at once with dense masks;
 ``dspark.engine.drafter`` runs the same weights over a paged cache during decoding.
@@ -69,10 +70,12 @@ class DrafterConfig:
     markov_rank: int = 256  # 0: no Markov head (the DFlash ablation)
     confidence_head: bool = True
     calibration: tuple[float, ...] = ()  # per-position temperatures of the confidence logit
+    calibration_bias: tuple[float, ...] = ()  # per-position shifts after the temperature
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "capture_layers", tuple(self.capture_layers))
         object.__setattr__(self, "calibration", tuple(self.calibration))
+        object.__setattr__(self, "calibration_bias", tuple(self.calibration_bias))
         if not self.capture_layers:
             raise ValueError("capture_layers is empty; the drafter needs target features")
         bad = [i for i in self.capture_layers if not 0 <= i < self.target_layers - 1]
@@ -86,6 +89,8 @@ class DrafterConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.markov_rank < 0:
             raise ValueError(f"markov_rank must be >= 0, got {self.markov_rank}")
+        if self.calibration_bias and len(self.calibration_bias) != len(self.calibration):
+            raise ValueError("calibration_bias needs one shift per calibration temperature")
         if self.calibration and len(self.calibration) != self.block_size:
             raise ValueError(
                 f"calibration has {len(self.calibration)} temperatures for a block of "
@@ -258,11 +263,17 @@ class DraftModel(nn.Module):
 
     def calibrated(self, confidence_logits: torch.Tensor) -> torch.Tensor:
         """Probabilities from confidence logits ``[..., K]``, with the calibration's
-        per-position temperatures when it has them."""
+        per-position temperatures (and shifts) when it has them."""
         temperatures = self.config.calibration
         if temperatures:
-            scale = torch.tensor(temperatures, device=confidence_logits.device)
-            confidence_logits = confidence_logits / scale[: confidence_logits.shape[-1]]
+            k = confidence_logits.shape[-1]
+            device = confidence_logits.device
+            scale = torch.tensor(temperatures[:k], device=device)
+            confidence_logits = confidence_logits / scale
+            if self.config.calibration_bias:
+                confidence_logits = confidence_logits + torch.tensor(
+                    self.config.calibration_bias[:k], device=device
+                )
         return torch.sigmoid(confidence_logits)
 
     # ---- training ----------------------------------------------------------------------
@@ -330,10 +341,16 @@ def read_drafter_config(directory: str | Path) -> tuple[DrafterConfig, dict]:
     return DrafterConfig.from_dict(payload["config"]), payload.get("metadata", {})
 
 
-def write_calibration(directory: str | Path, temperatures: list[float], report: dict) -> None:
-    """Store per-position temperatures (and the calibration report) with a drafter."""
+def write_calibration(
+    directory: str | Path, temperatures: list[float], biases: list[float] | None, report: dict
+) -> None:
+    """Store per-position temperatures and shifts (and the report) with a drafter."""
     config, metadata = read_drafter_config(directory)
-    config = replace(config, calibration=tuple(float(t) for t in temperatures))
+    config = replace(
+        config,
+        calibration=tuple(float(t) for t in temperatures),
+        calibration_bias=tuple(float(b) for b in biases) if biases is not None else (),
+    )
     metadata = {**metadata, "calibration": report}
     payload = {"config": config.to_dict(), "metadata": metadata}
     (Path(directory) / CONFIG_FILE).write_text(json.dumps(payload, indent=1))

@@ -45,6 +45,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--report", default=None, help="report directory")
+    parser.add_argument(
+        "--no-shift", action="store_true", help="temperatures only (plain STS, no shifts)"
+    )
+    parser.add_argument(
+        "--rounds", default=None, help="refit from the rounds.npz of an earlier run (no decoding)"
+    )
 
 
 def logits_of(probabilities: np.ndarray) -> np.ndarray:
@@ -52,11 +58,8 @@ def logits_of(probabilities: np.ndarray) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def main(args: argparse.Namespace) -> None:
-    config, _ = read_drafter_config(args.drafter)
-    if not config.confidence_head:
-        raise ValueError(f"{args.drafter} has no confidence head to calibrate")
-    k = config.block_size
+def collect_rounds(args: argparse.Namespace, k: int) -> tuple[dict, str]:
+    """Engine rounds (raw confidence logits, accepted drafts) per held-out split."""
     dtype = resolve_dtype(args.dtype, args.device)
     loaded = load_model(args.model, dtype=dtype, device=args.device)
     given = load_prompts(args.prompts) if args.prompts else {}
@@ -79,29 +82,55 @@ def main(args: argparse.Namespace) -> None:
         confidences, accepted = full_rounds(engine, k)
         rounds[split] = (logits_of(confidences), accepted)
         print(f"[dspark] {split}: {len(accepted)} rounds from {len(prompts)} prompts")
-    temperatures = fit_sequential_temperatures(*rounds["calib"])
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    source = f"engine rounds, K={k}, temperature {args.temperature:g}, {device}, {dtype}"
+    return rounds, source
+
+
+def main(args: argparse.Namespace) -> None:
+    config, _ = read_drafter_config(args.drafter)
+    if not config.confidence_head:
+        raise ValueError(f"{args.drafter} has no confidence head to calibrate")
+    k = config.block_size
+    report_dir = Path(args.report) if args.report else Path(args.drafter) / "calibration"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    if args.rounds:
+        with np.load(args.rounds) as saved:
+            rounds = {s: (saved[f"{s}_logits"], saved[f"{s}_accepted"]) for s in ("calib", "eval")}
+            source = str(saved["source"])
+    else:
+        rounds, source = collect_rounds(args, k)
+        np.savez_compressed(
+            report_dir / "rounds.npz",
+            source=source,
+            **{
+                f"{s}_{name}": r[i]
+                for s, r in rounds.items()
+                for i, name in enumerate(("logits", "accepted"))
+            },
+        )
+    temperatures, shifts = fit_sequential_temperatures(*rounds["calib"], shift=not args.no_shift)
     report = {
         "temperatures": [round(float(t), 4) for t in temperatures],
+        "shifts": [round(float(b), 4) for b in shifts],
         "bins": 15,
         "held_out": {
             "before": calibration_report(*rounds["eval"], None),
-            "after": calibration_report(*rounds["eval"], temperatures),
+            "after": calibration_report(*rounds["eval"], temperatures, shifts),
         },
         "calibration_set": {
             "before": calibration_report(*rounds["calib"], None),
-            "after": calibration_report(*rounds["calib"], temperatures),
+            "after": calibration_report(*rounds["calib"], temperatures, shifts),
         },
-        "rounds": f"engine rounds, K={k}, temperature {args.temperature:g}, {device}, {dtype}",
+        "rounds": source,
     }
-    report_dir = Path(args.report) if args.report else Path(args.drafter) / "calibration"
-    report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / "calibration.json").write_text(json.dumps(report, indent=1))
-    plot_reliability(*rounds["eval"], temperatures, report_dir, "held-out survival")
-    write_calibration(args.drafter, list(temperatures), report)
+    plot_reliability(*rounds["eval"], temperatures, shifts, report_dir, "held-out survival")
+    write_calibration(args.drafter, list(temperatures), list(shifts), report)
     before, after = report["held_out"]["before"], report["held_out"]["after"]
     print(f"temperatures  {np.round(temperatures, 3).tolist()}")
-    print(f"{'position':>8} {'ECE raw':>8} {'ECE STS':>8} {'AUROC':>7} {'survival':>9}")
+    print(f"shifts        {np.round(shifts, 3).tolist()}")
+    print(f"{'position':>8} {'ECE raw':>8} {'ECE cal':>8} {'AUROC':>7} {'survival':>9}")
     for i in range(k):
         print(
             f"{i + 1:>8} {before['ece'][i]:>8.4f} {after['ece'][i]:>8.4f} "

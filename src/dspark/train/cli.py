@@ -102,6 +102,42 @@ def build_data(loaded, args: argparse.Namespace, directory: Path) -> dict[str, D
     return sets
 
 
+def plot_history(
+    histories: dict[str, list[dict]],
+    path: Path,
+    tau_label: str = "held-out greedy τ (engine rounds)",
+) -> None:
+    """Training loss and held-out greedy τ against steps, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, history in histories.items():
+        steps = [h["step"] for h in history]
+        losses = [h["loss"] for h in history]
+        window = max(1, len(losses) // 50)
+        smooth = [
+            sum(losses[max(0, i - window) : i + 1]) / len(losses[max(0, i - window) : i + 1])
+            for i in range(len(losses))
+        ]
+        left.plot(steps, smooth, label=name)
+        evals = [(h["step"], h["eval"]["tau"]) for h in history if "eval" in h]
+        if evals:
+            right.plot(*zip(*evals, strict=True), marker="o", label=name)
+    left.set_xlabel("step")
+    left.set_ylabel("training loss (moving average)")
+    right.set_xlabel("step")
+    right.set_ylabel(tau_label)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(args: argparse.Namespace) -> None:
     out = Path(args.out)
     dtype = resolve_dtype(args.dtype, args.device)
@@ -155,4 +191,5 @@ def main(args: argparse.Namespace) -> None:
     }
     save_drafter(drafter, out, metadata)
     (out / "history.json").write_text(json.dumps(history))
+    plot_history({metadata["kind"]: history}, out / "training.png")
     print(f"[dspark] saved {out} after {len(history)} steps ({minutes:.1f} min)")
