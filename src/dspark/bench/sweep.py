@@ -112,7 +112,7 @@ def measure(
         concurrency=concurrency,
         requests=len(finished),
         tokens=tokens,
-        seconds=round(seconds, 3),
+        seconds=seconds,
         tok_s=tokens / seconds,
         per_user_tok_s=float(np.median(1.0 / tpot)),
         tpot_p50_ms=float(np.percentile(tpot, 50) * 1e3),
