@@ -88,3 +88,30 @@ def test_lifecycle_errors_are_clear():
     verifier.remove_request(0)
     with pytest.raises(ValueError, match="holds no request"):
         verifier.remove_request(0)
+
+
+def test_drafting_pays_compares_against_a_step_without_the_drafter():
+    from dspark.scheduling import CostTables
+
+    def verifier_with(draft_ms):
+        tables = CostTables(
+            draft_ms=np.full(5, draft_ms), verify_ms=10.0 + 0.5 * np.arange(40, dtype=float)
+        )
+        verifier = AdaptiveVerifier(4, 3, tables, max_total_logits=64)
+        for slot in range(2):
+            verifier.add_request(slot)
+        # Two recordings: the stale survival becomes [0.9, 0.81, 0.729] for both slots.
+        for _ in range(2):
+            verifier.record(np.array([0, 1]), np.full((2, 3), 0.9))
+        return verifier
+
+    args = (np.array([0, 1]), np.array([3, 3]), np.array([1, 1]), 2)
+    # Without the drafter: 2 tokens / (10 + 0.5*2) ms = 0.1818 tok/ms. With 6 drafts and a
+    # 1 ms drafter: (2 + 2*(0.9+0.81+0.729)) / (1 + 10 + 0.5*8) = 6.878 / 15 = 0.4585.
+    assert verifier_with(1.0).drafting_pays(*args)
+    # A 30 ms drafter: the best budget gives at most 6.878 / (30 + 14) = 0.156 < 0.1818.
+    assert not verifier_with(30.0).drafting_pays(*args)
+    # No drafts possible: nothing to verify, never worth drafting.
+    assert not verifier_with(1.0).drafting_pays(
+        np.array([0, 1]), np.array([0, 0]), np.array([1, 1]), 2
+    )

@@ -75,6 +75,7 @@ class EngineStats:
     drafter_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     budgets: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     schedule_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    undrafted_steps: int = 0  # adaptive: steps where drafting would not have paid
 
     @property
     def acceptance_length(self) -> float:
@@ -198,15 +199,10 @@ class LLMEngine:
 
         if name == "ngram":
             return NgramDrafter(self.config.num_drafts)
-        path = (
-            find_drafter(self.loaded.config, required=name == "dspark")
-            if name
-            in (
-                "auto",
-                "dspark",
-            )
-            else name
-        )
+        if name in ("auto", "dspark"):
+            path = find_drafter(self.loaded.config, required=name == "dspark")
+        else:
+            path = name
         if path is None:
             return NgramDrafter(self.config.num_drafts)
         model = load_drafter(path, self.model)
@@ -278,6 +274,9 @@ class LLMEngine:
         if not decode_index:
             return drafts, probs
         limits = np.array([self._draft_limit(chunks[i]) for i in decode_index])
+        if self.verifier is not None and not self._drafting_pays(chunks, decode_index, limits):
+            self.stats.undrafted_steps += 1
+            return drafts, probs
         start = self._clock()
         proposal: Proposal = self.drafter.propose([chunks[i].request for i in decode_index], limits)
         self.stats.drafter_ms.append(self._clock() - start)
@@ -299,6 +298,24 @@ class LLMEngine:
             self.max_model_len - request.num_tokens,
         )
         return max(0, min(self.config.num_drafts, chunk.draft_room, left - 1))
+
+    def _drafting_pays(
+        self, chunks: list[ScheduledChunk], decode_index: list[int], limits: np.ndarray
+    ) -> bool:
+        """Adaptive: skip the drafter when even its best stale plan would not pay for it
+        (``AdaptiveVerifier.drafting_pays``)."""
+        start = time.perf_counter()
+        num_drafts = np.zeros(len(chunks), dtype=np.int64)
+        num_drafts[decode_index] = limits
+        pays = self.verifier.drafting_pays(
+            np.array([c.request.slot for c in chunks]),
+            num_drafts,
+            np.array([c.num_tokens for c in chunks]),
+            sum(c.samples for c in chunks),
+            sum(c.request.num_computed for c in chunks),
+        )
+        self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3)
+        return pays
 
     def _admit_adaptively(
         self,

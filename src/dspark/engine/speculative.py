@@ -33,6 +33,12 @@ class Proposal:
 
 
 class Drafter(Protocol):
+    """What the engine asks of a drafter. A drafter conditioned on the target's hidden
+    states also has ``capture_layers`` (target layers whose outputs it wants) and
+    ``observe(requests, starts, counts, features)``, which the engine calls after every
+    forward with those layers' outputs for the positions each request kept
+    (``dspark.engine.drafter.DSparkDrafter``)."""
+
     num_positions: int  # K, the most drafts proposed per request
 
     def propose(self, requests: Sequence[Request], max_drafts: np.ndarray) -> Proposal:

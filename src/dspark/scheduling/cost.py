@@ -52,6 +52,11 @@ class CostTables:
             )
         return self.draft_ms[num_reqs] + self.verify_ms[num_tokens:end]
 
+    def draft_cost_ms(self, num_reqs: int) -> float:
+        """The drafter's share of a step with ``num_reqs`` requests (paid whenever it runs,
+        whatever the budget)."""
+        return float(self.draft_ms[min(num_reqs, self.draft_ms.shape[0] - 1)])
+
     @property
     def max_num_reqs(self) -> int:
         return self.draft_ms.shape[0] - 1

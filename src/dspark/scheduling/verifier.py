@@ -121,6 +121,42 @@ class AdaptiveVerifier:
             survival *= drafts.counts[:, None] > np.arange(self.num_positions)
         return best_budget(survival.ravel(), cap, int(num_sampling), costs)
 
+    def drafting_pays(
+        self,
+        slots: np.ndarray,
+        num_drafts: np.ndarray,
+        num_non_draft: np.ndarray,
+        num_sampling: int,
+        context_tokens: int = 0,
+    ) -> bool:
+        """Whether to run the drafter at all this step, decided before it runs.
+
+        The seed always drafts and then picks a budget, so the drafter's cost is paid
+        even when the budget is zero. Here the stale plan (``num_drafts``: the most each
+        request could get) is priced first: drafting pays when the expected tokens per
+        millisecond with the planned budget, draft cost included, beat the tokens per
+        millisecond of a step without drafts. Only the stale confidences are read, so
+        the decision cannot depend on the drafts it would produce. A cost model without
+        ``draft_cost_ms`` keeps the seed's behaviour (draft whenever the budget is > 0).
+        """
+        budget = self.plan(slots, num_drafts, num_non_draft, num_sampling, context_tokens)
+        if budget == 0:
+            return False
+        draft_cost = getattr(self.cost_model, "draft_cost_ms", None)
+        if draft_cost is None:
+            return True
+        slots = self._check_slots(slots)
+        num_reqs = slots.shape[0]
+        drafts = as_draft_counts("num_drafts", num_drafts, num_reqs, self.num_positions)
+        survival = self._stale.take(slots, axis=0)
+        survival *= drafts.counts[:, None] > np.arange(self.num_positions)
+        flat = survival.ravel()
+        gain = num_sampling + float(np.partition(flat, flat.size - budget)[-budget:].sum())
+        tokens = int(np.asarray(num_non_draft).sum())
+        costs = self.cost_model.step_costs_ms(num_reqs, tokens, budget, context_tokens)
+        without = max(float(costs[0]) - draft_cost(num_reqs), 1e-9)
+        return gain / float(costs[budget]) > num_sampling / without
+
     def allocate(self, slots: np.ndarray, num_drafts: np.ndarray, budget: int) -> np.ndarray:
         """Admitted drafts per request: the budget's slots of highest fresh survival."""
         slots = self._check_slots(slots)
