@@ -126,20 +126,27 @@ class DSparkDrafter:
             attended = paged_attention(q, k_new, v_new, batch, k_cache, v_cache)
             hidden = model.finish_layer(layer, hidden, attended)
         hidden = model.norm(hidden).view(len(chosen), k, -1)
-        drafted, sampled_probs, conf_logits = self._sample(chosen, hidden, anchors)
+        # The LM head runs once per position, sequentially (the Markov head), and reads the
+        # whole vocabulary each time: stop at the deepest draft any request may verify.
+        depth = int(max(max_drafts[i] for i in ready))
+        drafted, sampled_probs, conf_logits = self._sample(chosen, hidden, anchors, depth)
         drafted_host = drafted.tolist()
         if conf_logits is not None:
-            confidences[ready] = model.calibrated(conf_logits).cpu().numpy()
+            computed = model.calibrated(conf_logits).cpu().numpy()
+            confidences[ready, :depth] = computed
+            # Positions not computed keep the deepest conditional confidence, so that the
+            # next step's (stale) plan can still reach them.
+            confidences[ready, depth:] = computed[:, -1:]
         for row, i in enumerate(ready):
             tokens[i] = drafted_host[row]
             if sampled_probs[row] is not None:
                 probs[i] = sampled_probs[row]
         return Proposal(tokens, probs, confidences if self.has_confidence else None)
 
-    def _sample(self, requests: list[Request], hidden: torch.Tensor, anchors: torch.Tensor):
-        """Left-to-right Markov sampling: greedy requests take the argmax, the others
-        sample from their own temperature/top-k/top-p applied to the draft logits."""
-        k = self.num_positions
+    def _sample(self, requests: list[Request], hidden: torch.Tensor, anchors: torch.Tensor, k: int):
+        """Left-to-right Markov sampling of the first ``k`` positions: greedy requests take
+        the argmax, the others sample from their own temperature/top-k/top-p applied to
+        the draft logits."""
         sampling = [i for i, r in enumerate(requests) if not r.params.is_greedy]
         step_probs: list[list[torch.Tensor]] = [[] for _ in requests]
         previous = anchors

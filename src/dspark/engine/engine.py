@@ -274,9 +274,12 @@ class LLMEngine:
         if not decode_index:
             return drafts, probs
         limits = np.array([self._draft_limit(chunks[i]) for i in decode_index])
-        if self.verifier is not None and not self._drafting_pays(chunks, decode_index, limits):
-            self.stats.undrafted_steps += 1
-            return drafts, probs
+        if self.verifier is not None:
+            depth = self._drafting_depth(chunks, decode_index, limits)
+            if depth == 0:
+                self.stats.undrafted_steps += 1
+                return drafts, probs
+            limits = np.minimum(limits, depth)
         start = self._clock()
         proposal: Proposal = self.drafter.propose([chunks[i].request for i in decode_index], limits)
         self.stats.drafter_ms.append(self._clock() - start)
@@ -299,15 +302,15 @@ class LLMEngine:
         )
         return max(0, min(self.config.num_drafts, chunk.draft_room, left - 1))
 
-    def _drafting_pays(
+    def _drafting_depth(
         self, chunks: list[ScheduledChunk], decode_index: list[int], limits: np.ndarray
-    ) -> bool:
-        """Adaptive: skip the drafter when even its best stale plan would not pay for it
-        (``AdaptiveVerifier.drafting_pays``)."""
+    ) -> int:
+        """Adaptive: how deep to draft; 0 when even the best stale plan would not pay for
+        the drafter (``AdaptiveVerifier.drafting_pays``)."""
         start = time.perf_counter()
         num_drafts = np.zeros(len(chunks), dtype=np.int64)
         num_drafts[decode_index] = limits
-        pays = self.verifier.drafting_pays(
+        depth = self.verifier.drafting_pays(
             np.array([c.request.slot for c in chunks]),
             num_drafts,
             np.array([c.num_tokens for c in chunks]),
@@ -315,7 +318,7 @@ class LLMEngine:
             sum(c.request.num_computed for c in chunks),
         )
         self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3)
-        return pays
+        return depth
 
     def _admit_adaptively(
         self,

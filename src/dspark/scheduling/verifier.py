@@ -128,8 +128,8 @@ class AdaptiveVerifier:
         num_non_draft: np.ndarray,
         num_sampling: int,
         context_tokens: int = 0,
-    ) -> bool:
-        """Whether to run the drafter at all this step, decided before it runs.
+    ) -> int:
+        """How deep to draft this step (0: do not run the drafter), decided before it runs.
 
         The seed always drafts and then picks a budget, so the drafter's cost is paid
         even when the budget is zero. Here the stale plan (``num_drafts``: the most each
@@ -138,13 +138,17 @@ class AdaptiveVerifier:
         millisecond of a step without drafts. Only the stale confidences are read, so
         the decision cannot depend on the drafts it would produce. A cost model without
         ``draft_cost_ms`` keeps the seed's behaviour (draft whenever the budget is > 0).
+        When drafting pays, the answer is the planned budget capped at K: the fresh
+        allocation admits a prefix of at most that many drafts per request, so deeper
+        positions need not be drafted at all.
         """
         budget = self.plan(slots, num_drafts, num_non_draft, num_sampling, context_tokens)
         if budget == 0:
-            return False
+            return 0
+        depth = min(budget, self.num_positions)
         draft_cost = getattr(self.cost_model, "draft_cost_ms", None)
         if draft_cost is None:
-            return True
+            return depth
         slots = self._check_slots(slots)
         num_reqs = slots.shape[0]
         drafts = as_draft_counts("num_drafts", num_drafts, num_reqs, self.num_positions)
@@ -155,7 +159,7 @@ class AdaptiveVerifier:
         tokens = int(np.asarray(num_non_draft).sum())
         costs = self.cost_model.step_costs_ms(num_reqs, tokens, budget, context_tokens)
         without = max(float(costs[0]) - draft_cost(num_reqs), 1e-9)
-        return gain / float(costs[budget]) > num_sampling / without
+        return depth if gain / float(costs[budget]) > num_sampling / without else 0
 
     def allocate(self, slots: np.ndarray, num_drafts: np.ndarray, budget: int) -> np.ndarray:
         """Admitted drafts per request: the budget's slots of highest fresh survival."""
