@@ -53,6 +53,16 @@ class RequestOutput:
         return cls(request_id, [], [], "", FinishReason.ERROR.value, error)
 
 
+def chat_ids(tokenizer, message: str) -> list[int]:
+    """Token ids of one user message under the tokenizer's chat template."""
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True
+    )
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
 class LLM:
     """Load a model (default: SmolLM2-135M-Instruct) and generate for many prompts."""
 
@@ -71,13 +81,7 @@ class LLM:
 
     def chat_prompt(self, message: str) -> list[int]:
         """Token ids of one user message under the model's chat template."""
-        messages = [{"role": "user", "content": message}]
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
+        return chat_ids(self.tokenizer, message)
 
     def generate(
         self,

@@ -387,4 +387,4 @@ def load_drafter(
 
 
 def count_parameters(model: DraftModel) -> int:
-    return sum(p.numel() for name, p in model.named_parameters())
+    return sum(p.numel() for p in model.parameters())

@@ -106,20 +106,7 @@ class AdaptiveVerifier:
         context_tokens: int = 0,
     ) -> int:
         """The step's draft budget, from the stale confidences (see the module doc)."""
-        slots = self._check_slots(slots)
-        num_reqs = slots.shape[0]
-        drafts = as_draft_counts("num_drafts", num_drafts, num_reqs, self.num_positions)
-        non_draft = as_counts("num_non_draft", num_non_draft, num_reqs)
-        if not 0 <= num_sampling <= num_reqs:
-            raise ValueError(f"num_sampling must be in [0, {num_reqs}], got {num_sampling}")
-        cap = draft_cap(drafts.total, num_reqs, self.max_total_logits, self.num_bonus_tokens)
-        if cap == 0:
-            return 0
-        costs = self.cost_model.step_costs_ms(num_reqs, int(non_draft.sum()), cap, context_tokens)
-        survival = self._stale.take(slots, axis=0)  # [num_reqs, K]; order is irrelevant here
-        if not drafts.is_full:
-            survival *= drafts.counts[:, None] > np.arange(self.num_positions)
-        return best_budget(survival.ravel(), cap, int(num_sampling), costs)
+        return self._stale_plan(slots, num_drafts, num_non_draft, num_sampling, context_tokens)[0]
 
     def drafting_pays(
         self,
@@ -142,24 +129,38 @@ class AdaptiveVerifier:
         allocation admits a prefix of at most that many drafts per request, so deeper
         positions need not be drafted at all.
         """
-        budget = self.plan(slots, num_drafts, num_non_draft, num_sampling, context_tokens)
+        budget, survival, costs = self._stale_plan(
+            slots, num_drafts, num_non_draft, num_sampling, context_tokens
+        )
         if budget == 0:
             return 0
         depth = min(budget, self.num_positions)
         draft_cost = getattr(self.cost_model, "draft_cost_ms", None)
         if draft_cost is None:
             return depth
+        top = np.partition(survival, survival.size - budget)[-budget:]
+        gain = num_sampling + float(top.sum())
+        without = max(float(costs[0]) - draft_cost(len(slots)), 1e-9)
+        return depth if gain / float(costs[budget]) > num_sampling / without else 0
+
+    def _stale_plan(self, slots, num_drafts, num_non_draft, num_sampling, context_tokens):
+        """The budget, the stale survival it ranked (flat, unscheduled positions zeroed)
+        and the step costs for budgets 0..cap (None when nothing can be verified)."""
         slots = self._check_slots(slots)
         num_reqs = slots.shape[0]
         drafts = as_draft_counts("num_drafts", num_drafts, num_reqs, self.num_positions)
-        survival = self._stale.take(slots, axis=0)
-        survival *= drafts.counts[:, None] > np.arange(self.num_positions)
-        flat = survival.ravel()
-        gain = num_sampling + float(np.partition(flat, flat.size - budget)[-budget:].sum())
-        tokens = int(np.asarray(num_non_draft).sum())
-        costs = self.cost_model.step_costs_ms(num_reqs, tokens, budget, context_tokens)
-        without = max(float(costs[0]) - draft_cost(num_reqs), 1e-9)
-        return depth if gain / float(costs[budget]) > num_sampling / without else 0
+        non_draft = as_counts("num_non_draft", num_non_draft, num_reqs)
+        if not 0 <= num_sampling <= num_reqs:
+            raise ValueError(f"num_sampling must be in [0, {num_reqs}], got {num_sampling}")
+        cap = draft_cap(drafts.total, num_reqs, self.max_total_logits, self.num_bonus_tokens)
+        if cap == 0:
+            return 0, None, None
+        costs = self.cost_model.step_costs_ms(num_reqs, int(non_draft.sum()), cap, context_tokens)
+        survival = self._stale.take(slots, axis=0)  # [num_reqs, K]; order is irrelevant here
+        if not drafts.is_full:
+            survival *= drafts.counts[:, None] > np.arange(self.num_positions)
+        survival = survival.ravel()
+        return best_budget(survival, cap, int(num_sampling), costs), survival, costs
 
     def allocate(self, slots: np.ndarray, num_drafts: np.ndarray, budget: int) -> np.ndarray:
         """Admitted drafts per request: the budget's slots of highest fresh survival."""

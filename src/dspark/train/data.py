@@ -18,17 +18,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from dspark.engine.llm import chat_ids
 from dspark.models.llama import LlamaModel
-
-
-def chat_ids(tokenizer, message: str) -> list[int]:
-    """Token ids of one user message under the tokenizer's chat template."""
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True
-    )
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 def sharegpt_prompts(
