@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "train-drafter": ("dspark.train.cli", "train a DSpark drafter by self-distillation"),
     "calibrate": ("dspark.train.calibrate_cli", "fit per-position confidence temperatures"),
     "eval-drafter": ("dspark.train.evaluate", "acceptance of drafters on held-out prompts"),
+    "draft-vocab": ("dspark.train.draft_vocab", "keep the drafter's most frequent tokens"),
 }
 
 

@@ -7,6 +7,13 @@ rows follow the same block tables as the target's: a rollback is a shorter lengt
 the rows beyond it are simply written again. ``propose`` runs the block (anchor + K-1 mask
 tokens at positions p ... p+K-1) over that cache without a causal mask inside the block,
 then samples the Markov head left to right.
+
+With a draft vocabulary (``DraftModel.draft_vocab``, from the drafter directory's
+``draft_vocab.npy``) each position's logits cover only those N token ids: the LM head's N
+rows are copied once, greedy requests take the argmax over them, and sampling requests
+sample from their temperature/top-k/top-p applied to the N logits. The draft
+probabilities handed to verification are that same distribution scattered into the whole
+vocabulary (zero outside the subset), so rejection sampling stays lossless.
 """
 
 from __future__ import annotations
@@ -31,12 +38,24 @@ SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "drafters"
 class DSparkDrafter:
     """``Drafter`` protocol over a ``DraftModel`` (see ``dspark.engine.speculative``)."""
 
-    def __init__(self, model: DraftModel, num_rows: int, block_size: int = 16) -> None:
+    def __init__(
+        self,
+        model: DraftModel,
+        num_rows: int,
+        block_size: int = 16,
+        use_draft_vocab: bool = True,
+    ) -> None:
         self.model = model
         self.num_positions = model.config.block_size
         self.capture_layers = model.config.capture_layers
         param = next(model.parameters())
         self.device = param.device
+        # The model's draft vocabulary (None: the whole vocabulary) and its LM-head rows.
+        self.vocab_ids: torch.Tensor | None = None  # [N] token ids
+        self.head_weight: torch.Tensor | None = None  # [N, d]
+        if use_draft_vocab and model.draft_vocab is not None:
+            self.vocab_ids = model.draft_vocab.to(self.device)
+            self.head_weight = model.lm_head_rows(self.vocab_ids)
         self.cache = PagedKVCache(
             model.config.layer_config(),
             -(-num_rows // block_size),
@@ -127,38 +146,46 @@ class DSparkDrafter:
             hidden = model.finish_layer(layer, hidden, attended)
         hidden = model.norm(hidden).view(len(chosen), k, -1)
         # The LM head runs once per position, sequentially (the Markov head), and reads the
-        # whole vocabulary each time: stop at the deepest draft any request may verify.
+        # whole (draft) vocabulary each time: stop at the deepest draft any request may verify.
         depth = int(max(max_drafts[i] for i in ready))
         drafted, sampled_probs, conf_logits = self._sample(chosen, hidden, anchors, depth)
         drafted_host = drafted.tolist()
+        on_device = None
         if conf_logits is not None:
-            computed = model.calibrated(conf_logits).cpu().numpy()
-            confidences[ready, :depth] = computed
+            computed = model.calibrated(conf_logits)  # [ready, depth]
+            on_device = torch.zeros(num, k, dtype=computed.dtype, device=computed.device)
+            rows = torch.tensor(ready, device=computed.device)
+            on_device[rows, :depth] = computed
             # Positions not computed keep the deepest conditional confidence, so that the
             # next step's (stale) plan can still reach them.
-            confidences[ready, depth:] = computed[:, -1:]
+            on_device[rows, depth:] = computed[:, -1:]
+            confidences = on_device.cpu().numpy()  # the host copy, for the stale plan
         for row, i in enumerate(ready):
             tokens[i] = drafted_host[row]
             if sampled_probs[row] is not None:
                 probs[i] = sampled_probs[row]
-        return Proposal(tokens, probs, confidences if self.has_confidence else None)
+        if not self.has_confidence:
+            return Proposal(tokens, probs, None)
+        return Proposal(tokens, probs, confidences, on_device)
 
     def _sample(self, requests: list[Request], hidden: torch.Tensor, anchors: torch.Tensor, k: int):
         """Left-to-right Markov sampling of the first ``k`` positions: greedy requests take
         the argmax, the others sample from their own temperature/top-k/top-p applied to
-        the draft logits."""
+        the draft logits (over the draft vocabulary when there is one)."""
         sampling = [i for i, r in enumerate(requests) if not r.params.is_greedy]
         step_probs: list[list[torch.Tensor]] = [[] for _ in requests]
-        previous = anchors
+        previous = anchors  # real token ids: the Markov head embeds them
         drafted, conf_logits = [], []
         for position in range(k):
-            logits, conf = self.model.heads(hidden[:, position], previous)
-            token = logits.argmax(dim=-1)
+            # [n, N] over the draft vocabulary, or [n, V]
+            logits, conf = self.model.heads(hidden[:, position], previous, self.head_weight)
+            choice = logits.argmax(dim=-1)  # [n] indices into the logits' columns
             for i in sampling:
                 request = requests[i]
                 p = target_probs(logits[i : i + 1], request.params)[0]
-                step_probs[i].append(p)
-                token[i] = torch.multinomial(p, 1, generator=request.generator)[0]
+                step_probs[i].append(self._full_vocab(p))
+                choice[i] = torch.multinomial(p, 1, generator=request.generator)[0]
+            token = choice if self.vocab_ids is None else self.vocab_ids[choice]
             drafted.append(token)
             if conf is not None:
                 conf_logits.append(conf)
@@ -169,6 +196,13 @@ class DSparkDrafter:
             sampled,
             torch.stack(conf_logits, dim=1) if conf_logits else None,
         )
+
+    def _full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """Draft probabilities ``[N]`` over the draft vocabulary as ``[V]`` (zeros outside)."""
+        if self.vocab_ids is None:
+            return probs
+        full = torch.zeros(self.model.config.vocab_size, dtype=probs.dtype, device=probs.device)
+        return full.index_copy_(0, self.vocab_ids, probs)
 
     def prepare_dummy(self, request: Request) -> None:
         """Make ``request`` look fully observed (its cache rows hold whatever is there),

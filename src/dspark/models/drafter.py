@@ -13,6 +13,10 @@
   ``markov_out``), so the head costs 2·d·r parameters instead of 2·V·r: for SmolLM2
   (V = 49,152, d = 576, r = 256) that is 0.3 M instead of 25 M, which keeps the whole
   drafter under 16 MiB in bf16.
+- **Draft vocabulary.** A drafter directory may hold ``draft_vocab.npy``: the most
+  frequent token ids (``dspark draft-vocab``). ``load_drafter`` attaches them as
+  ``draft_vocab`` and the engine then computes the per-position logits over those rows of
+  the LM head only; training always uses the whole vocabulary.
 - **Confidence head.** ``c_k = sigmoid(w · [h_k ; W1[x_{k-1}]])``: the drafter's estimate
   that draft k is accepted given that every earlier one was. Optional per-position
   temperatures and shifts (sequential temperature scaling, ``dspark calibrate``) map its
@@ -38,6 +42,24 @@ from dspark.models.llama import DecoderLayer, LlamaModel, RMSNorm, Rotary
 
 CONFIG_FILE = "drafter.json"
 WEIGHTS_FILE = "drafter.safetensors"
+DRAFT_VOCAB_FILE = "draft_vocab.npy"
+
+
+def check_draft_vocab(ids: np.ndarray | torch.Tensor, vocab_size: int) -> np.ndarray:
+    """``ids`` as an int64 array, if they are a valid draft vocabulary: strictly ascending
+    token ids inside the vocabulary."""
+    ids = ids.cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
+    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(
+            f"a draft vocabulary is a non-empty 1-D array of integer token ids, got "
+            f"shape {ids.shape} of {ids.dtype}"
+        )
+    if ids[0] < 0 or ids[-1] >= vocab_size or not (np.diff(ids) > 0).all():
+        raise ValueError(
+            f"draft vocabulary ids must be strictly ascending and inside 0..{vocab_size - 1}; "
+            "rebuild it with dspark draft-vocab"
+        )
+    return ids.astype(np.int64)
 
 
 def default_capture_layers(num_target_layers: int, count: int = 5) -> tuple[int, ...]:
@@ -180,6 +202,8 @@ class DraftModel(nn.Module):
         if config.confidence_head:
             self.confidence = nn.Linear(d + rank, 1)
         self._target: list[nn.Module] = []  # a plain list: not a submodule, never saved
+        # [N] ascending token ids the engine drafts from (None: the whole vocabulary).
+        self.register_buffer("draft_vocab", None, persistent=False)
 
     # ---- the frozen target parts ---------------------------------------------------------
 
@@ -201,9 +225,27 @@ class DraftModel(nn.Module):
         embedding, _ = self._require_target()
         return F.embedding(ids, embedding.weight).to(self.fc.weight.dtype)
 
-    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def lm_logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 logits over the rows of ``weight`` (default: the whole LM head)."""
+        if weight is None:
+            weight = self._require_target()[1].weight
+        return F.linear(hidden.to(weight.dtype), weight).float()
+
+    def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """``[N, d]`` rows of the target's LM head, on the drafter's device and dtype."""
         _, head = self._require_target()
-        return F.linear(hidden.to(head.weight.dtype), head.weight).float()
+        param = self.fc.weight
+        return head.weight[ids.to(head.weight.device)].to(param.device, param.dtype).contiguous()
+
+    def set_draft_vocab(self, ids: np.ndarray | torch.Tensor | None) -> DraftModel:
+        """Draft from the token ids ``ids`` only (strictly ascending), or from the whole
+        vocabulary (None)."""
+        if ids is None:
+            self.draft_vocab = None
+            return self
+        ids = check_draft_vocab(ids, self.config.vocab_size)
+        self.draft_vocab = torch.from_numpy(ids).to(self.fc.weight.device, torch.long)
+        return self
 
     # ---- shared pieces ---------------------------------------------------------------------
 
@@ -247,16 +289,20 @@ class DraftModel(nn.Module):
         return torch.cat([first, masks], dim=1)
 
     def heads(
-        self, hidden: torch.Tensor, previous: torch.Tensor
+        self,
+        hidden: torch.Tensor,
+        previous: torch.Tensor,
+        head_weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Float32 logits ``[..., V]`` and confidence logits ``[...]`` (or None) for block
-        outputs ``hidden`` (after the final norm) given the previous tokens."""
+        """Float32 logits ``[..., V]`` (``[..., N]`` over the rows of ``head_weight``) and
+        confidence logits ``[...]`` (or None) for block outputs ``hidden`` (after the final
+        norm) given the previous tokens (real token ids)."""
         inputs = [hidden]
         if self.config.markov_rank:
             memory = self.markov_in(self.embed(previous))
             inputs.append(memory)
             hidden = hidden + self.markov_out(memory)
-        logits = self.lm_logits(hidden)
+        logits = self.lm_logits(hidden, head_weight)
         if not self.config.confidence_head:
             return logits, None
         return logits, self.confidence(torch.cat(inputs, dim=-1)).squeeze(-1).float()
@@ -341,6 +387,11 @@ def read_drafter_config(directory: str | Path) -> tuple[DrafterConfig, dict]:
     return DrafterConfig.from_dict(payload["config"]), payload.get("metadata", {})
 
 
+def _write_drafter_config(directory: str | Path, config: DrafterConfig, metadata: dict) -> None:
+    payload = {"config": config.to_dict(), "metadata": metadata}
+    (Path(directory) / CONFIG_FILE).write_text(json.dumps(payload, indent=1))
+
+
 def write_calibration(
     directory: str | Path, temperatures: list[float], biases: list[float] | None, report: dict
 ) -> None:
@@ -351,9 +402,24 @@ def write_calibration(
         calibration=tuple(float(t) for t in temperatures),
         calibration_bias=tuple(float(b) for b in biases) if biases is not None else (),
     )
-    metadata = {**metadata, "calibration": report}
-    payload = {"config": config.to_dict(), "metadata": metadata}
-    (Path(directory) / CONFIG_FILE).write_text(json.dumps(payload, indent=1))
+    _write_drafter_config(directory, config, {**metadata, "calibration": report})
+
+
+def write_draft_vocab(directory: str | Path, ids: np.ndarray, report: dict) -> Path:
+    """Store a draft vocabulary (``draft_vocab.npy``, int32, ascending) with a drafter and
+    its report under ``draft_vocab`` in the drafter.json metadata."""
+    config, metadata = read_drafter_config(directory)
+    ids = check_draft_vocab(ids, config.vocab_size).astype(np.int32)
+    path = Path(directory) / DRAFT_VOCAB_FILE
+    np.save(path, ids)
+    _write_drafter_config(directory, config, {**metadata, "draft_vocab": report})
+    return path
+
+
+def read_draft_vocab(directory: str | Path) -> np.ndarray | None:
+    """The draft vocabulary stored with a drafter, or None when it has none."""
+    path = Path(directory) / DRAFT_VOCAB_FILE
+    return np.load(path) if path.is_file() else None
 
 
 def load_drafter(
@@ -383,7 +449,8 @@ def load_drafter(
         )
     fresh = Rotary(config.head_dim, config.rope_theta, config.max_position)
     model.rotary.cos, model.rotary.sin = fresh.cos.to(device), fresh.sin.to(device)
-    return model.to(dtype).eval().attach(target)
+    model = model.to(dtype).eval().attach(target)
+    return model.set_draft_vocab(read_draft_vocab(directory))
 
 
 def count_parameters(model: DraftModel) -> int:
