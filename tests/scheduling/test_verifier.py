@@ -115,3 +115,30 @@ def test_drafting_pays_compares_against_a_step_without_the_drafter():
     assert not verifier_with(1.0).drafting_pays(
         np.array([0, 1]), np.array([0, 0]), np.array([1, 1]), 2
     )
+
+
+def test_drafting_pays_reads_the_latest_record_and_relax_retries_skipped_slots():
+    from dspark.scheduling import CostTables
+
+    tables = CostTables(draft_ms=np.full(3, 4.0), verify_ms=10.0 + 0.1 * np.arange(20.0))
+    verifier = AdaptiveVerifier(2, 2, tables, max_total_logits=16)
+    verifier.add_request(0)
+    args = (np.array([0]), np.array([2]), np.array([1]), 1)
+    verifier.record(np.array([0]), np.array([[0.9, 0.9]]))
+    # Population: 0.9 · 1 + 0.1 · [0.9, 0.81] = [0.99, 0.981].
+    np.testing.assert_allclose(verifier.population_survival, [0.99, 0.981])
+    verifier.record(np.array([0]), np.array([[0.1, 0.5]]))
+    # Population: 0.9 · [0.99, 0.981] + 0.1 · [0.1, 0.05] = [0.901, 0.8879].
+    np.testing.assert_allclose(verifier.population_survival, [0.901, 0.8879])
+    # The latest record (survival [0.1, 0.05]) decides, not the stale [0.9, 0.81]:
+    # without the drafter 1 / 10.1 = 0.099 tok/ms; with it at most 1.15 / 14.3 = 0.080.
+    assert verifier.drafting_pays(*args) == 0
+    # The plan (stale, the seed's semantics) still sees [0.9, 0.81].
+    assert verifier.plan(*args) == 2
+    verifier.relax(np.array([0]))
+    # Halfway to the population: [0.5005, 0.46895]; (1 + 0.96945) / 14.3 = 0.1377 > 0.099.
+    assert verifier.drafting_pays(*args) == 2
+    with pytest.raises(ValueError, match="weight"):
+        verifier.relax(np.array([0]), weight=1.5)
+    with pytest.raises(ValueError, match="no request"):
+        verifier.relax(np.array([1]))

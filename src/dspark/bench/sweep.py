@@ -27,9 +27,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from dspark.engine.drafter import DSparkDrafter
 from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
 from dspark.engine.sampling import SamplingParams
-from dspark.models.loader import load_model, resolve_dtype
+from dspark.models.loader import load_model, resolve_dtype, resolve_model_path
+from dspark.models.shapes import SHAPES, random_model
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class Measurement:
     acceptance_length: float
     verified_per_round: float
     schedule_share: float  # adaptive: budget + allocation time / wall time
+    step_ms: float = 0.0  # wall time per engine step
+    schedule_us_per_step: float = 0.0  # adaptive: budget + allocation per step
 
 
 def closed_loop(
@@ -120,6 +125,8 @@ def measure(
         acceptance_length=stats.acceptance_length,
         verified_per_round=stats.verified_per_step,
         schedule_share=sum(stats.schedule_ms) / (seconds * 1e3),
+        step_ms=seconds * 1e3 / max(stats.num_steps, 1),
+        schedule_us_per_step=sum(stats.schedule_ms) * 1e3 / max(stats.num_steps, 1),
     )
 
 
@@ -151,9 +158,22 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--prompts", default=None, help="tokenised prompt splits file")
     parser.add_argument("--out", default="bench-results", help="directory for JSON and PNG")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default=None,
+        help="run a target of this shape with random weights (and a random drafter of "
+        "matching shape); acceptance is REPLAYED from --trace, not computed",
+    )
+    parser.add_argument(
+        "--trace",
+        default=None,
+        help="with --shape: acceptance trace (.npz from AcceptanceTrace.save); default: "
+        "the shipped SmolLM2 drafter trace on held-out ShareGPT",
+    )
 
 
-def bench_prompts(loaded, args, count: int) -> list[list[int]]:
+def bench_prompts(tokenizer, args, count: int) -> list[list[int]]:
     from dspark.train.data import humaneval_prompts, load_prompts, sharegpt_prompts
 
     if args.prompts:
@@ -161,17 +181,28 @@ def bench_prompts(loaded, args, count: int) -> list[list[int]]:
         pool = given["eval" if args.dataset == "sharegpt" else "humaneval"]
         pool = [p for p in pool if len(p) <= args.max_prompt_tokens]
     elif args.dataset == "sharegpt":
-        pool = sharegpt_prompts(loaded.tokenizer, "eval", args.max_prompt_tokens, count)
+        pool = sharegpt_prompts(tokenizer, "eval", args.max_prompt_tokens, count)
     else:
-        pool = humaneval_prompts(loaded.tokenizer, args.max_prompt_tokens)
+        pool = humaneval_prompts(tokenizer, args.max_prompt_tokens)
     if not pool:
         raise ValueError(f"no {args.dataset} prompt fits {args.max_prompt_tokens} tokens")
     return [pool[i % len(pool)] for i in range(count)]
 
 
-def engine_for(loaded, setting: Setting, concurrency: int, args) -> LLMEngine:
+@dataclass
+class Replay:
+    """``--shape``: the random-weight drafter model and the trace its acceptance comes from."""
+
+    draft_model: object
+    trace: AcceptanceTrace
+
+
+def engine_for(
+    loaded, setting: Setting, concurrency: int, args, replay: Replay | None = None
+) -> LLMEngine:
     k = max(setting.k, 1)
     out = Path(args.out)
+    name = args.shape or "model"
     config = EngineConfig(
         spec=setting.spec,
         num_drafts=k,
@@ -179,9 +210,17 @@ def engine_for(loaded, setting: Setting, concurrency: int, args) -> LLMEngine:
         max_num_seqs=concurrency,
         max_num_batched_tokens=max(512, concurrency * (k + 1)),
         kv_cache_tokens=max(4096, concurrency * (args.max_prompt_tokens + args.max_tokens + 32)),
-        profile_path=str(out / "profiles" / f"profile-c{concurrency}-k{k}-{args.device}.json"),
+        profile_path=str(
+            out / "profiles" / f"profile-{name}-c{concurrency}-k{k}-{args.device}.json"
+        ),
     )
-    return LLMEngine(loaded, config)
+    drafter = None
+    if replay is not None and setting.spec != "none":
+        rows = config.kv_cache_tokens + concurrency * (replay.trace.num_positions + 16)
+        inner = DSparkDrafter(replay.draft_model, rows, config.block_size)
+        # The same seed for every configuration: they all replay the same rounds.
+        drafter = ReplayDrafter(inner, replay.trace, seed=0)
+    return LLMEngine(loaded, config, drafter=drafter)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -190,7 +229,22 @@ def main(args: argparse.Namespace) -> None:
     if any(not 1 <= k <= args.k for k in args.fixed):
         raise ValueError(f"--fixed values must be in 1..{args.k} (--k)")
     dtype = resolve_dtype(args.dtype, args.device)
-    loaded = load_model(args.model, dtype=dtype, device=args.device)
+    replay = None
+    if args.shape:
+        loaded = random_model(args.shape, dtype=dtype, device=args.device)
+        replay = Replay(random_draft_model(loaded), AcceptanceTrace.load(args.trace))
+        print(
+            f"[dspark] {args.shape} with random weights: acceptance is REPLAYED from "
+            f"{replay.trace.source} ({replay.trace.acceptance_length:.3f} tokens/round at "
+            f"full K={replay.trace.num_positions})"
+        )
+    else:
+        loaded = load_model(args.model, dtype=dtype, device=args.device)
+    tokenizer = loaded.tokenizer
+    if replay is not None and not args.prompts:  # the trace's prompts, in the model's ids
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
     settings = [] if args.no_baseline else [Setting("none", 0)]
     settings += [Setting("fixed", k) for k in args.fixed]
     if not args.no_adaptive:
@@ -204,23 +258,33 @@ def main(args: argparse.Namespace) -> None:
     drafter_name = None
     for _, concurrency, setting in tqdm(jobs, desc="bench"):
         count = max(args.min_requests, concurrency * args.requests_per_user)
-        prompts = bench_prompts(loaded, args, count + 1)
-        engine = engine_for(loaded, setting, concurrency, args)
+        prompts = bench_prompts(tokenizer, args, count + 1)
+        engine = engine_for(loaded, setting, concurrency, args, replay)
         if engine.drafter is not None:
             drafter_name = type(engine.drafter).__name__
         result = measure(engine, setting, prompts[1:], params, concurrency)
         runs.setdefault((setting.label, concurrency), []).append(result)
         del engine
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()  # the next engine allocates its own KV cache
         partial = [asdict(m) for ms in runs.values() for m in ms]  # survives an interruption
         (Path(args.out) / "bench.partial.json").write_text(json.dumps(partial))
     rows = [summarise(measurements) for measurements in runs.values()]
-    report(rows, args, dtype, drafter_name)
+    report(rows, args, dtype, drafter_name, replay)
 
 
 def summarise(measurements: list[Measurement]) -> dict:
     """Medians over repeats (and each repeat's tok/s, for the spread)."""
     row = asdict(measurements[0])
-    for key in ("tok_s", "per_user_tok_s", "tpot_p50_ms", "tpot_p99_ms", "schedule_share"):
+    for key in (
+        "tok_s",
+        "per_user_tok_s",
+        "tpot_p50_ms",
+        "tpot_p99_ms",
+        "schedule_share",
+        "step_ms",
+        "schedule_us_per_step",
+    ):
         row[key] = float(np.median([getattr(m, key) for m in measurements]))
     for key in ("acceptance_length", "verified_per_round"):
         row[key] = float(np.mean([getattr(m, key) for m in measurements]))
@@ -228,7 +292,9 @@ def summarise(measurements: list[Measurement]) -> dict:
     return row
 
 
-def report(rows: list[dict], args, dtype, drafter_name: str | None) -> None:
+def report(
+    rows: list[dict], args, dtype, drafter_name: str | None, replay: Replay | None = None
+) -> None:
     out = Path(args.out)
     if args.device.startswith("cuda"):
         device = torch.cuda.get_device_name()
@@ -236,7 +302,7 @@ def report(rows: list[dict], args, dtype, drafter_name: str | None) -> None:
         device = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
     header = (
         f"{'conc':>4} {'setting':>12} {'tok/s':>9} {'user tok/s':>10} {'TPOT p50':>9} "
-        f"{'TPOT p99':>9} {'accept':>6} {'verify':>6} {'sched%':>6}"
+        f"{'TPOT p99':>9} {'accept':>6} {'verify':>6} {'step':>8} {'sched%':>6}"
     )
     print(header)
     for row in rows:
@@ -244,13 +310,22 @@ def report(rows: list[dict], args, dtype, drafter_name: str | None) -> None:
             f"{row['concurrency']:>4} {row['label']:>12} {row['tok_s']:>9.1f} "
             f"{row['per_user_tok_s']:>10.1f} {row['tpot_p50_ms']:>8.1f}ms "
             f"{row['tpot_p99_ms']:>8.1f}ms {row['acceptance_length']:>6.2f} "
-            f"{row['verified_per_round']:>6.2f} {100 * row['schedule_share']:>6.2f}"
+            f"{row['verified_per_round']:>6.2f} {row['step_ms']:>6.1f}ms "
+            f"{100 * row['schedule_share']:>6.2f}"
         )
     verdicts = compare(rows)
     for line in verdicts:
         print(line)
+    model = args.model or "SmolLM2-135M-Instruct"
+    acceptance = "computed (target verifies the drafts)"
+    if replay is not None:
+        model = f"{args.shape} shape, random weights"
+        acceptance = f"REPLAYED from {replay.trace.source}"
+        print(f"[dspark] acceptance in this table is {acceptance}")
     payload = {
         "device": device,
+        "model": model,
+        "acceptance": acceptance,
         "dtype": str(dtype),
         "torch": torch.__version__,
         "dataset": args.dataset,
@@ -262,7 +337,10 @@ def report(rows: list[dict], args, dtype, drafter_name: str | None) -> None:
         "summary": verdicts,
     }
     (out / "bench.json").write_text(json.dumps(payload, indent=1))
-    plot(rows, out / "bench.png", f"{args.dataset}, {device}, {dtype}")
+    title = f"{model}, {args.dataset}, {device}, {dtype}"
+    if replay is not None:
+        title += "\nacceptance replayed from the SmolLM2 drafter's trace"
+    plot(rows, out / "bench.png", title)
     print(f"[dspark] wrote {out}/bench.json and bench.png")
 
 

@@ -23,6 +23,7 @@ from dspark.engine.sampling import SamplingParams
 from dspark.engine.scheduler import ScheduledChunk, Scheduler
 from dspark.engine.speculative import Drafter, NgramDrafter, OnlineAcceptance, Proposal, verify
 from dspark.models.loader import LoadedModel
+from dspark.ops import allocate_drafts_torch
 from dspark.scheduling import AdaptiveVerifier, StepCostModel
 
 
@@ -46,9 +47,23 @@ class EngineConfig:
     # "auto": the shipped DSpark drafter when one matches the model, else "ngram";
     # "dspark": the shipped one (an error if none matches); or a drafter directory.
     drafter: str = "auto"
+    # Where the fresh allocation runs: "host" (NumPy, ``AdaptiveVerifier.allocate``),
+    # "device" (``dspark.ops.allocate_drafts_torch`` on the drafter's confidences where
+    # they were computed) or "auto" (device on CUDA, host otherwise). Same decisions.
+    allocation: str = "auto"
+    # The drafter's reduced vocabulary (draft_vocab.npy next to its weights): "on", "off"
+    # or "auto" (on for CPU, where each draft position reads the LM head from memory; off
+    # on CUDA, where the full head is cheap and the reduced one only lowers acceptance).
+    draft_vocab: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", SpecMode(self.spec))
+        if self.draft_vocab not in ("auto", "on", "off"):
+            raise ValueError(f"draft_vocab must be 'auto', 'on' or 'off', got {self.draft_vocab!r}")
+        if self.allocation not in ("auto", "host", "device"):
+            raise ValueError(
+                f"allocation must be 'auto', 'host' or 'device', got {self.allocation!r}"
+            )
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -110,6 +125,11 @@ class LLMEngine:
             )
         param = next(self.model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        if self.device.type == "cuda":
+            # cuDNN's attention prepares a plan per new shape on the host (1.3-2.9 ms a
+            # call measured on an H200) and every step brings new key lengths; the flash /
+            # memory-efficient kernels have no such cost. The switch is process-wide.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         self.cache = PagedKVCache(
             loaded.config,
             config.kv_cache_tokens // config.block_size,
@@ -134,12 +154,21 @@ class LLMEngine:
         if config.spec is not SpecMode.NONE:
             self.drafter = drafter or self._build_drafter(config.drafter)
             if self.drafter.num_positions < config.num_drafts:
+                off = (
+                    "turn adaptive verification off with --spec fixed (or none)"
+                    if config.spec is SpecMode.ADAPTIVE
+                    else "turn speculation off with --spec none"
+                )
                 raise ValueError(
-                    f"K={config.num_drafts} exceeds the drafter's block of "
-                    f"{self.drafter.num_positions}: lower --k (num_drafts), or turn "
-                    "speculation off with --spec none"
+                    f"K={config.num_drafts} (--k, EngineConfig.num_drafts) exceeds the "
+                    f"drafter's block of {self.drafter.num_positions}, so the drafter cannot "
+                    f"propose that many per request: lower --k to at most "
+                    f"{self.drafter.num_positions}, or {off}"
                 )
             self.acceptance = OnlineAcceptance(config.num_drafts)
+        self.allocate_on_device = config.allocation == "device" or (
+            config.allocation == "auto" and self.device.type == "cuda"
+        )
         if config.spec is SpecMode.ADAPTIVE:
             if cost_model is None:
                 from dspark.engine.profiling import profile_engine
@@ -208,7 +237,12 @@ class LLMEngine:
         model = load_drafter(path, self.model)
         config = self.config
         room = config.max_num_seqs * (model.config.block_size + config.block_size)
-        return DSparkDrafter(model, config.kv_cache_tokens + room, config.block_size)
+        reduced = config.draft_vocab == "on" or (
+            config.draft_vocab == "auto" and self.device.type == "cpu"
+        )
+        return DSparkDrafter(
+            model, config.kv_cache_tokens + room, config.block_size, use_draft_vocab=reduced
+        )
 
     def _on_admit(self, request: Request) -> None:
         if self.verifier is not None:
@@ -278,6 +312,9 @@ class LLMEngine:
             depth = self._drafting_depth(chunks, decode_index, limits)
             if depth == 0:
                 self.stats.undrafted_steps += 1
+                # Nothing is recorded for these requests: retry them as the population's
+                # confidences suggest (AdaptiveVerifier.relax), never give up for good.
+                self.verifier.relax(np.array([chunks[i].request.slot for i in decode_index]))
                 return drafts, probs
             limits = np.minimum(limits, depth)
         start = self._clock()
@@ -341,7 +378,16 @@ class LLMEngine:
         num_sampling = sum(c.samples for c in chunks)
         context = sum(c.request.num_computed for c in chunks)
         budget = self.verifier.plan(slots, num_drafts, non_draft, num_sampling, context)
-        admitted = self.verifier.allocate(slots, num_drafts, budget)
+        on_device = proposal.device_confidences is not None and self.allocate_on_device
+        if on_device and 0 < budget < num_drafts.sum():
+            # Only decoding requests have drafts; the others would admit nothing anyway and
+            # dropping them keeps the batch order, so ties resolve as on the host.
+            counts = torch.from_numpy(num_drafts[decode_index]).to(self.device)
+            chosen = allocate_drafts_torch(proposal.device_confidences[:, :k], counts, budget)
+            admitted = np.zeros(len(chunks), dtype=np.int64)
+            admitted[decode_index] = chosen.cpu().numpy()  # the packed batch is built here
+        else:
+            admitted = self.verifier.allocate(slots, num_drafts, budget)
         self.stats.budgets.append(budget)
         for i, count in enumerate(admitted):
             drafts[i] = drafts[i][:count]
@@ -360,11 +406,14 @@ class LLMEngine:
         self.stats.num_steps += 1
         touched = []
         offset = 0
-        sampled: dict[int, torch.Tensor] = {}
+        sampled: dict[int, tuple[torch.Tensor, list[int]]] = {}
+        # Greedy rows need only the argmax: one reduction and one transfer for the batch.
+        argmax = logits.argmax(dim=-1).tolist() if logits is not None else []
         for i, count in owners:
-            sampled[i] = logits[offset : offset + count]
+            sampled[i] = (logits[offset : offset + count], argmax[offset : offset + count])
             offset += count
         admitted, accepted = [], []
+        replay = getattr(self.drafter, "replayed_acceptance", None)
         kept: list[tuple[Request, int, int, int]] = []  # request, position, row, count
         for i, (chunk, extra) in enumerate(zip(chunks, drafts, strict=True)):
             request = chunk.request
@@ -374,13 +423,19 @@ class LLMEngine:
                 continue
             is_decode = chunk.is_decode
             probs = draft_probs[i]
-            num_accepted, new_tokens = verify(
-                sampled[i],
-                extra,
-                None if probs is None else probs[: len(extra)],
-                request.params,
-                request.generator,
-            )
+            rows, best = sampled[i]
+            if replay is not None and is_decode:  # acceptance from a trace (replay.py)
+                num_accepted = replay(request, len(extra))
+                new_tokens = [*extra[:num_accepted], best[num_accepted]]
+            else:
+                num_accepted, new_tokens = verify(
+                    rows,
+                    extra,
+                    None if probs is None else probs[: len(extra)],
+                    request.params,
+                    request.generator,
+                    best,
+                )
             count = chunk.num_tokens + num_accepted
             kept.append((request, request.num_computed, row_starts[i], count))
             request.num_computed += count

@@ -130,6 +130,6 @@ class PagedKVCache:
             read_start=int(read[0, 0]) if is_contiguous else 0,
             mask=torch.from_numpy(mask[:, None]).to(device),
             query_index=torch.from_numpy(query_index).to(device),
-            query_valid=torch.from_numpy(query_valid).to(device),
+            valid_rows=torch.from_numpy(np.flatnonzero(query_valid)).to(device),
             out_index=torch.from_numpy(query_index[query_valid]).to(device),
         )

@@ -1,7 +1,8 @@
 """The start-up cost profile (the seed's plan) and its JSON cache.
 
 Dummy steps of every profiled token count, split over ``min(tokens, max_num_seqs)``
-requests that each have ``profile_context`` tokens cached, replayed a few times; the
+requests that each have ``profile_context`` tokens cached, replayed a few times, with the
+LM head on every row (as in a verification step, where each token is sampled); the
 per-size medians become the cost tables of adaptive verification. Eager execution pads
 nothing, so the profile treats only size 1 as "captured" and interpolates every larger
 size between profiled points (``cudagraph_limit = 1``).
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from dspark.engine.engine import LLMEngine
 
 EAGER_CAPTURE_SIZES = [1]
+PROFILE_FORMAT = 2  # 2: the LM head runs on every row (1 priced only the last row)
 
 
 @dataclass
@@ -45,6 +47,7 @@ class EngineProfile:
     model: str
     device: str
     dtype: str
+    format: int = 1  # files written before the field existed are format 1
 
     @property
     def tables(self) -> CostTables:
@@ -71,7 +74,8 @@ class EngineProfile:
     def matches(self, engine: LLMEngine) -> bool:
         config = engine.config
         return (
-            self.max_num_seqs == config.max_num_seqs
+            self.format == PROFILE_FORMAT
+            and self.max_num_seqs == config.max_num_seqs
             and self.max_num_batched_tokens == config.max_num_batched_tokens
             and self.model == str(engine.loaded.path)
             and self.device == engine.device.type
@@ -107,6 +111,7 @@ def profile_engine(
         str(engine.loaded.path),
         engine.device.type,
         str(engine.dtype),
+        PROFILE_FORMAT,
     )
     if path is not None:
         profile.save(Path(path))
@@ -135,12 +140,14 @@ def _dummy_step(
         batch = cache.attention_batch(tables, np.full(len(query), context), query)
         start = engine._clock()
         hidden, _ = engine.model(tokens, positions.to(engine.device), batch, cache.layers)
-        engine.model.logits(hidden[-len(query) :])
+        engine.model.logits(hidden)  # a verify step samples every row it computes
         forward_ms = engine._clock() - start
         drafter_ms = 0.0
         if engine.drafter is not None:
             dummies = [
-                Request(f"profile-{i}", ids.tolist(), SamplingParams(), 0.0)
+                # Greedy: sampling requests add per-request work in the drafter that a
+                # greedy workload never pays (SamplingParams() samples at temperature 1).
+                Request(f"profile-{i}", ids.tolist(), SamplingParams(temperature=0.0), 0.0)
                 for i, ids in enumerate(rng.integers(0, vocab, (len(query), context)))
             ]
             prepare = getattr(engine.drafter, "prepare_dummy", None)

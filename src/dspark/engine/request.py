@@ -22,7 +22,7 @@ class PromptTooLongError(ValueError):
     """A prompt that cannot fit the model's context; only that request fails."""
 
 
-@dataclass
+@dataclass(eq=False)  # identity: comparing field by field made `in self.running` O(len)
 class Request:
     request_id: str
     prompt_ids: list[int]

@@ -30,6 +30,9 @@ class Proposal:
     tokens: list[list[int]]
     draft_probs: list[torch.Tensor | None]  # [d, V] per request; None: deterministic drafts
     confidences: np.ndarray | None  # [n, K] from a confidence head; None: the drafter has none
+    # The same confidences where the drafter computed them (the engine's device), for the
+    # allocation on device (``dspark.ops``); None: only the host copy exists.
+    device_confidences: torch.Tensor | None = None
 
 
 class Drafter(Protocol):
@@ -125,11 +128,14 @@ def verify(
     draft_probs: torch.Tensor | None,  # [a, V] or None for deterministic drafts
     params: SamplingParams,
     generator: torch.Generator | None,
+    argmax: Sequence[int] | None = None,
 ) -> tuple[int, list[int]]:
-    """Accepted draft count and the tokens the step emits (accepted drafts + one more)."""
+    """Accepted draft count and the tokens the step emits (accepted drafts + one more).
+    ``argmax``: the rows' argmax already on the host (the engine computes it for the whole
+    batch at once, one transfer instead of one per request)."""
     num_drafts = len(drafts)
     if params.is_greedy:
-        best = logits.argmax(dim=-1).tolist()
+        best = list(argmax) if argmax is not None else logits.argmax(dim=-1).tolist()
         accepted = 0
         while accepted < num_drafts and best[accepted] == drafts[accepted]:
             accepted += 1

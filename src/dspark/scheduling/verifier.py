@@ -21,6 +21,13 @@ exact, so the output follows the target distribution whatever the verifier decid
 
 A new slot starts with all confidences 1.0: a request's first budget assumes its drafts
 survive until it has a track record.
+
+Deciding whether to draft at all (``drafting_pays``, before the drafter runs) reads the
+latest recorded confidences: the drafts they describe are already verified, so this is
+as lossless as the budget. A step that skips the drafter records nothing, so a request
+whose last drafts looked poor would never be drafted again; ``relax`` therefore moves the
+skipped slots' survival halfway towards the population's (a running average of every
+recorded round), and the request is retried once that average says drafting pays.
 """
 
 from __future__ import annotations
@@ -63,6 +70,9 @@ class AdaptiveVerifier:
         self._fresh = np.ones((max_num_slots, num_positions))
         self._stale = np.ones((max_num_slots, num_positions))
         self._is_active = np.zeros(max_num_slots, dtype=bool)
+        # Mean survival of recorded rounds (exponential average over record() calls).
+        self._population = np.ones(num_positions)
+        self.population_decay = 0.9
 
     @property
     def max_num_slots(self) -> int:
@@ -96,6 +106,23 @@ class AdaptiveVerifier:
         self._stale[slots] = self._fresh.take(slots, axis=0)
         survival = running_product(confidences.T.astype(np.float64, order="C"))  # [K, n]
         self._fresh[slots] = survival.T
+        if slots.size:
+            decay = self.population_decay
+            self._population = decay * self._population + (1 - decay) * survival.mean(axis=1)
+
+    @property
+    def population_survival(self) -> np.ndarray:
+        """``[K]`` running average of the survival of recorded rounds."""
+        return self._population.copy()
+
+    def relax(self, slots: np.ndarray, weight: float = 0.5) -> None:
+        """The slots' drafter did not run this step (nothing recorded): move their latest
+        survival ``weight`` of the way towards the population's (see the module doc)."""
+        slots = self._check_slots(slots)
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"weight must be in [0, 1], got {weight}")
+        latest = self._fresh.take(slots, axis=0)
+        self._fresh[slots] = (1 - weight) * latest + weight * self._population
 
     def plan(
         self,
@@ -122,15 +149,16 @@ class AdaptiveVerifier:
         even when the budget is zero. Here the stale plan (``num_drafts``: the most each
         request could get) is priced first: drafting pays when the expected tokens per
         millisecond with the planned budget, draft cost included, beat the tokens per
-        millisecond of a step without drafts. Only the stale confidences are read, so
-        the decision cannot depend on the drafts it would produce. A cost model without
+        millisecond of a step without drafts. Only the latest *recorded* confidences are
+        read (drafts already verified), so the decision cannot depend on the drafts it
+        would produce; when the answer is 0, ``relax`` the slots. A cost model without
         ``draft_cost_ms`` keeps the seed's behaviour (draft whenever the budget is > 0).
         When drafting pays, the answer is the planned budget capped at K: the fresh
         allocation admits a prefix of at most that many drafts per request, so deeper
         positions need not be drafted at all.
         """
         budget, survival, costs = self._stale_plan(
-            slots, num_drafts, num_non_draft, num_sampling, context_tokens
+            slots, num_drafts, num_non_draft, num_sampling, context_tokens, self._fresh
         )
         if budget == 0:
             return 0
@@ -143,9 +171,13 @@ class AdaptiveVerifier:
         without = max(float(costs[0]) - draft_cost(len(slots)), 1e-9)
         return depth if gain / float(costs[budget]) > num_sampling / without else 0
 
-    def _stale_plan(self, slots, num_drafts, num_non_draft, num_sampling, context_tokens):
-        """The budget, the stale survival it ranked (flat, unscheduled positions zeroed)
-        and the step costs for budgets 0..cap (None when nothing can be verified)."""
+    def _stale_plan(
+        self, slots, num_drafts, num_non_draft, num_sampling, context_tokens, state=None
+    ):
+        """The budget, the survival it ranked (flat, unscheduled positions zeroed) and the
+        step costs for budgets 0..cap (None when nothing can be verified). ``state``: the
+        survival table to read, the stale one unless given (``drafting_pays`` reads the
+        latest recorded, which no draft of the coming step can have influenced)."""
         slots = self._check_slots(slots)
         num_reqs = slots.shape[0]
         drafts = as_draft_counts("num_drafts", num_drafts, num_reqs, self.num_positions)
@@ -156,7 +188,8 @@ class AdaptiveVerifier:
         if cap == 0:
             return 0, None, None
         costs = self.cost_model.step_costs_ms(num_reqs, int(non_draft.sum()), cap, context_tokens)
-        survival = self._stale.take(slots, axis=0)  # [num_reqs, K]; order is irrelevant here
+        table = self._stale if state is None else state
+        survival = table.take(slots, axis=0)  # [num_reqs, K]; order is irrelevant here
         if not drafts.is_full:
             survival *= drafts.counts[:, None] > np.arange(self.num_positions)
         survival = survival.ravel()

@@ -1,0 +1,181 @@
+"""Replayed acceptance: real GPU timing of a large target, acceptance from a recorded trace.
+
+Adaptive verification matters where a verified token costs real GPU time, which a 135M
+model on an H200 never shows (its steps are launch-bound). ``dspark bench --shape
+llama3-8b`` therefore runs an 8B-shaped target with random weights, and a DSpark drafter
+of matching shape with random weights, both for real: every step computes what the real
+models would. What random weights cannot give is acceptance, so ``ReplayDrafter`` replays
+it from an ``AcceptanceTrace``: rounds recorded by the real SmolLM2 drafter in the engine
+(its calibrated confidences for the K positions and how many of the K drafts the target
+accepted under full verification).
+
+Each proposal draws one trace round per request (independently, with a seeded generator:
+the trace does not keep which rounds came from the same request). The round's
+confidences are what the scheduler sees; when the engine verifies ``a`` of the drafts,
+the request accepts ``min(accepted, a)`` (greedy acceptance is a prefix, so verifying
+fewer drafts accepts the same ones up to ``a``). The emitted tokens are the drafts plus
+the target's argmax, which means nothing with random weights but costs what it costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dspark.engine.request import Request
+from dspark.engine.speculative import Proposal
+
+SHIPPED_TRACE = "acceptance_trace_smollm2_sharegpt.npz"
+
+
+@dataclass(frozen=True)
+class AcceptanceTrace:
+    confidences: np.ndarray  # [N, K] calibrated, as the scheduler saw them
+    accepted: np.ndarray  # [N] drafts accepted when all K were verified
+    source: str
+
+    def __post_init__(self) -> None:
+        conf, accepted = self.confidences, self.accepted
+        if conf.ndim != 2 or accepted.shape != conf.shape[:1] or conf.shape[0] == 0:
+            raise ValueError(
+                f"a trace needs confidences [N, K] and accepted [N] with N > 0, got "
+                f"{conf.shape} and {accepted.shape}"
+            )
+        if not np.isfinite(conf).all() or conf.min() < 0 or conf.max() > 1:
+            raise ValueError("trace confidences must be finite and in [0, 1]")
+        if accepted.min() < 0 or accepted.max() > conf.shape[1]:
+            raise ValueError(f"trace accepted counts must be in [0, {conf.shape[1]}]")
+
+    @property
+    def num_positions(self) -> int:
+        return self.confidences.shape[1]
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens per round under full verification (the bonus token included)."""
+        return float(self.accepted.mean()) + 1.0
+
+    @classmethod
+    def from_rounds(
+        cls,
+        rounds: str | Path,
+        temperatures: Sequence[float] = (),
+        shifts: Sequence[float] = (),
+        split: str = "eval",
+    ) -> AcceptanceTrace:
+        """From the ``rounds.npz`` that ``dspark calibrate`` saves (raw confidence logits),
+        calibrated with the drafter's per-position temperatures and shifts."""
+        with np.load(rounds) as saved:
+            logits = saved[f"{split}_logits"].astype(np.float64)
+            accepted = saved[f"{split}_accepted"].astype(np.int64)
+            source = str(saved["source"])
+        k = logits.shape[1]
+        scale = np.asarray(temperatures or [1.0] * k, dtype=np.float64)
+        shift = np.asarray(shifts or [0.0] * k, dtype=np.float64)
+        confidences = 1.0 / (1.0 + np.exp(-(logits / scale + shift)))
+        return cls(confidences.astype(np.float32), accepted, f"{source}, {split} split")
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> AcceptanceTrace:
+        """A trace saved with ``save`` (None: the one shipped with dspark, recorded by the
+        SmolLM2-135M drafter on held-out ShareGPT prompts)."""
+        target = Path(path) if path else resources.files("dspark") / "data" / SHIPPED_TRACE
+        try:
+            with np.load(target) as saved:
+                return cls(
+                    saved["confidences"].astype(np.float32),
+                    saved["accepted"].astype(np.int64),
+                    str(saved["source"]),
+                )
+        except (OSError, KeyError, ValueError) as error:
+            raise ValueError(f"cannot read an acceptance trace from {target}: {error}") from None
+
+    def save(self, path: str | Path) -> None:
+        np.savez_compressed(
+            path,
+            confidences=self.confidences.astype(np.float32),
+            accepted=self.accepted.astype(np.int8),
+            source=self.source,
+        )
+
+
+class ReplayDrafter:
+    """A real drafter (for its cost and its tokens) whose confidences and acceptance come
+    from a trace. The engine asks ``replayed_acceptance`` instead of comparing tokens."""
+
+    def __init__(self, inner, trace: AcceptanceTrace, seed: int = 0) -> None:
+        if trace.num_positions < inner.num_positions:
+            raise ValueError(
+                f"the trace has {trace.num_positions} positions, the drafter drafts "
+                f"{inner.num_positions}"
+            )
+        self.inner, self.trace = inner, trace
+        self.num_positions = inner.num_positions
+        self.capture_layers = getattr(inner, "capture_layers", ())
+        self.rng = np.random.default_rng(seed)
+        self._pending: dict[str, int] = {}
+        self._device_confidences = torch.from_numpy(
+            trace.confidences[:, : self.num_positions].copy()
+        )
+
+    def propose(self, requests: Sequence[Request], max_drafts: np.ndarray) -> Proposal:
+        proposal = self.inner.propose(requests, max_drafts)
+        rounds = self.rng.integers(0, self.trace.accepted.shape[0], len(requests))
+        for request, index in zip(requests, rounds, strict=True):
+            self._pending[request.request_id] = int(self.trace.accepted[index])
+        device = getattr(self.inner, "device", torch.device("cpu"))
+        if self._device_confidences.device != torch.device(device):
+            self._device_confidences = self._device_confidences.to(device)
+        return Proposal(
+            proposal.tokens,
+            proposal.draft_probs,
+            self.trace.confidences[rounds, : self.num_positions],
+            self._device_confidences[torch.from_numpy(rounds).to(device)],
+        )
+
+    def replayed_acceptance(self, request: Request, num_admitted: int) -> int:
+        """Drafts the request accepts when ``num_admitted`` of them are verified."""
+        return min(self._pending.pop(request.request_id, 0), num_admitted)
+
+    def observe(self, requests, starts, counts, features) -> None:
+        observe = getattr(self.inner, "observe", None)
+        if observe is not None:
+            observe(requests, starts, counts, features)
+
+    def prepare_dummy(self, request: Request) -> None:
+        prepare = getattr(self.inner, "prepare_dummy", None)
+        if prepare is not None:
+            prepare(request)
+
+    def on_verified(self, request: Request, num_accepted: int) -> None:
+        self.inner.on_verified(request, num_accepted)
+
+    def on_finished(self, request: Request) -> None:
+        self._pending.pop(request.request_id, None)
+        self.inner.on_finished(request)
+
+
+def random_draft_model(target, seed: int = 0, **overrides):
+    """A ``DraftModel`` of the shape DSpark uses for ``target`` (a ``LoadedModel``), with
+    random weights, attached to it: two decoder layers of the target's width and MLP, the
+    Markov and confidence heads, K = 7 (``overrides`` change any ``DrafterConfig`` field).
+    Wrap it in a ``DSparkDrafter`` per engine (the drafter's cache belongs to the engine)."""
+    from dspark.models.drafter import DrafterConfig, DraftModel
+    from dspark.models.shapes import randomise_
+
+    config = DrafterConfig.for_target(
+        target.config, **{"intermediate_size": target.config.intermediate_size, **overrides}
+    )
+    param = next(target.model.parameters())
+    with torch.device("meta"):
+        model = DraftModel(config)
+    model = model.to_empty(device=param.device)
+    randomise_(model, seed)
+    fresh = type(model.rotary)(config.head_dim, config.rope_theta, config.max_position)
+    model.rotary.cos, model.rotary.sin = fresh.cos.to(param.device), fresh.sin.to(param.device)
+    return model.to(param.dtype).eval().attach(target.model)

@@ -1,0 +1,227 @@
+"""Replayed acceptance (``dspark.engine.replay``) and random-weight shapes."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dspark.engine.drafter import DSparkDrafter
+from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
+from dspark.engine.sampling import SamplingParams
+from dspark.models.shapes import SHAPES, random_model
+from dspark.ops import allocate_drafts_torch
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True)
+
+
+class CheapCost:
+    """Drafts nearly free: every scheduled draft pays, budgets stay large."""
+
+    def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
+        return 1.0 + 1e-4 * np.arange(max_drafts + 1)
+
+
+@pytest.fixture(scope="module")
+def shaped():
+    return random_model("tiny", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def draft_model(shaped):
+    return random_draft_model(shaped)
+
+
+def constant_trace(accepted: int, k: int = 7, rounds: int = 50) -> AcceptanceTrace:
+    rng = np.random.default_rng(accepted)
+    conf = rng.uniform(0.05, 0.95, (rounds, k)).astype(np.float32)
+    return AcceptanceTrace(conf, np.full(rounds, accepted), "test")
+
+
+def run(shaped, draft_model, trace, prompts, **config):
+    cost = config.pop("cost_model", None)
+    inner = DSparkDrafter(draft_model, 8192, 16)
+    engine = LLMEngine(
+        shaped,
+        EngineConfig(kv_cache_tokens=4096, **config),
+        drafter=ReplayDrafter(inner, trace, seed=1),
+        cost_model=cost,
+    )
+    engine.round_log = []
+    requests = [engine.add_request(p, PARAMS) for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    return engine, requests
+
+
+@pytest.mark.parametrize(("k", "accepted"), [(7, 3), (2, 3), (5, 0), (7, 7)])
+def test_each_round_accepts_the_replayed_count_capped_by_what_was_verified(
+    shaped, draft_model, k, accepted
+):
+    prompts = [list(range(10 + i, 40 + i)) for i in range(3)]
+    engine, requests = run(
+        shaped, draft_model, constant_trace(accepted), prompts, spec="fixed", num_drafts=k
+    )
+    for _, admitted, got in engine.round_log:
+        assert got == min(accepted, admitted)
+    # Rounds cut short by max_tokens verify fewer drafts; all others accept min(accepted, K).
+    full = [got for _, admitted, got in engine.round_log if admitted == k]
+    assert full and set(full) == {min(accepted, k)}
+    assert all(len(r.output_ids) == PARAMS.max_tokens for r in requests)
+
+
+def test_confidences_come_from_the_trace(shaped, draft_model):
+    trace = constant_trace(2)
+    engine, _ = run(shaped, draft_model, trace, [list(range(5, 30))], spec="fixed", num_drafts=7)
+    rows = {tuple(np.round(c, 6)) for c, _, _ in engine.round_log}
+    known = {tuple(np.round(c, 6)) for c in trace.confidences}
+    assert rows and rows <= known
+
+
+def test_device_allocation_takes_the_host_allocations_decisions(shaped, draft_model, monkeypatch):
+    """The ``dspark.ops`` allocation (here on CPU tensors) admits exactly what
+    ``AdaptiveVerifier.allocate`` admits, round for round."""
+    import dspark.engine.engine as engine_module
+
+    calls = []
+
+    def counted(*args):
+        calls.append(args[2])
+        return allocate_drafts_torch(*args)
+
+    monkeypatch.setattr(engine_module, "allocate_drafts_torch", counted)
+    trace = AcceptanceTrace.load()  # the shipped trace: varied confidences and outcomes
+    prompts = [list(range(3 + i, 20 + 2 * i)) for i in range(6)]
+    logs = []
+    for allocation in ("host", "device"):
+        engine, _ = run(
+            shaped,
+            draft_model,
+            trace,
+            prompts,
+            spec="adaptive",
+            num_drafts=7,
+            max_num_seqs=6,
+            allocation=allocation,
+            cost_model=BudgetCost(),
+        )
+        logs.append([(admitted, got) for _, admitted, got in engine.round_log])
+        assert bool(calls) == (allocation == "device")  # the op ran only when asked
+    assert logs[0] == logs[1]
+    admitted = [a for a, _ in logs[0]]
+    assert 0 < sum(admitted) < 7 * len(admitted)  # partial budgets: the allocation decided
+
+
+class BudgetCost:
+    """Each draft costs a fixed share of the step: budgets land strictly between 0 and all
+    scheduled drafts, so the fresh allocation has a choice to make."""
+
+    def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
+        return 10.0 + 1.2 * np.arange(max_drafts + 1)
+
+
+def test_trace_from_rounds_applies_the_drafters_calibration(tmp_path):
+    path = tmp_path / "rounds.npz"
+    logits = np.array([[0.0, 2.0], [-2.0, 4.0]])
+    np.savez(path, source="unit", eval_logits=logits, eval_accepted=np.array([0, 2]))
+    trace = AcceptanceTrace.from_rounds(path, temperatures=[1.0, 2.0], shifts=[np.log(3), 0.0])
+    # sigmoid(0 + ln 3) = 3/4; sigmoid(2 / 2) = e / (1 + e); sigmoid(-2 + ln 3) = 3 / (3 + e²)
+    expected = [[0.75, np.e / (1 + np.e)], [3 / (3 + np.e**2), np.e**2 / (1 + np.e**2)]]
+    np.testing.assert_allclose(trace.confidences, expected, rtol=1e-6)
+    assert trace.acceptance_length == 2.0
+    trace.save(tmp_path / "trace.npz")
+    again = AcceptanceTrace.load(tmp_path / "trace.npz")
+    np.testing.assert_array_equal(again.accepted, [0, 2])
+    assert again.source == "unit, eval split"
+
+
+@pytest.mark.parametrize(
+    ("conf", "accepted", "match"),
+    [
+        (np.full((3, 2), 0.5), np.array([0, 1]), "N"),
+        (np.full((2, 2), 1.5), np.array([0, 1]), r"\[0, 1\]"),
+        (np.full((2, 2), np.nan), np.array([0, 1]), "finite"),
+        (np.full((2, 2), 0.5), np.array([0, 3]), r"\[0, 2\]"),
+    ],
+)
+def test_bad_traces_are_refused(conf, accepted, match):
+    with pytest.raises(ValueError, match=match):
+        AcceptanceTrace(conf, accepted, "bad")
+
+
+def test_shipped_trace_is_the_smollm2_drafters_held_out_rounds():
+    trace = AcceptanceTrace.load()
+    assert trace.num_positions == 7 and trace.accepted.shape[0] > 5000
+    assert "eval split" in trace.source
+    assert 1.5 < trace.acceptance_length < 2.5
+
+
+def test_random_model_is_seeded_and_has_the_named_shape():
+    a = random_model("tiny", torch.float32, seed=3)
+    b = random_model("tiny", torch.float32, seed=3)
+    c = random_model("tiny", torch.float32, seed=4)
+    wa, wb, wc = (m.model.layers[0].mlp.up_proj.weight for m in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+    assert a.model.embed_tokens.weight.shape == (SHAPES["tiny"].vocab_size, 64)
+    assert torch.equal(a.model.norm.weight, torch.ones(64))
+    llama = SHAPES["llama3-8b"]
+    with torch.device("meta"):
+        from dspark.models.llama import LlamaModel
+
+        params = sum(p.numel() for p in LlamaModel(llama).parameters())
+    assert params == 8_030_261_248  # Meta-Llama-3-8B's parameter count
+    with pytest.raises(ValueError, match="known"):
+        random_model("llama-70b")
+
+
+def test_bench_with_a_shape_says_acceptance_is_replayed(tmp_path):
+    import argparse
+
+    from dspark.bench.sweep import add_cli_args, main
+
+    trace_path = tmp_path / "trace.npz"
+    constant_trace(2).save(trace_path)
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args(
+        [
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--concurrency",
+            "2",
+            "--fixed",
+            "1",
+            "3",
+            "--no-adaptive",
+            "--max-tokens",
+            "9",
+            "--trace",
+            str(trace_path),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    main(args)
+    payload = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert payload["acceptance"].startswith("REPLAYED") and "random weights" in payload["model"]
+    by_label = {row["label"]: row for row in payload["rows"]}
+    # Every full round accepts min(2, K); rounds cut short by max_tokens accept less.
+    assert by_label["K=1"]["acceptance_length"] == pytest.approx(2.0)
+    assert 2.5 < by_label["K=3"]["acceptance_length"] <= 3.0
+    assert by_label["no spec"]["tokens"] == by_label["K=3"]["tokens"] == 9 * 4
+
+
+@pytest.mark.parametrize(
+    ("spec", "switch"), [("adaptive", "--spec fixed"), ("fixed", "--spec none")]
+)
+def test_k_beyond_the_drafters_block_is_refused_naming_the_switch(
+    shaped, draft_model, spec, switch
+):
+    drafter = ReplayDrafter(DSparkDrafter(draft_model, 1024, 16), constant_trace(1))
+    with pytest.raises(ValueError, match=rf"K=8 \(--k.*at most 7.*{switch}"):
+        LLMEngine(shaped, EngineConfig(spec=spec, num_drafts=8), drafter=drafter)
