@@ -63,14 +63,16 @@ def first_divergence(a, b):
 def test_greedy_speculation_equals_plain_greedy_on_a_random_model(tiny, spec):
     prompts = repetitive_prompts(12)
     plain, _ = run(tiny, prompts)
+    budgets = set()
     for k, seed in ((1, 0), (3, 1), (6, 2)):
         cost = RandomCost(seed) if spec == "adaptive" else None
         spec_out, engine = run(tiny, prompts, spec=spec, num_drafts=k, cost_model=cost)
         assert [o.token_ids for o in spec_out] == [o.token_ids for o in plain]
         assert engine.stats.num_decode_rounds > 0
         assert sum(o.num_drafts_verified for o in spec_out) > 0  # drafts really were verified
+        budgets |= set(engine.stats.budgets)
     if spec == "adaptive":
-        assert len(set(engine.stats.budgets)) > 3  # the random costs varied the budget
+        assert len(budgets) > 3, budgets  # the random costs varied the budget
 
 
 @pytest.mark.parametrize("spec", ["fixed", "adaptive"])

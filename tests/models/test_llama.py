@@ -116,3 +116,19 @@ def test_captured_layer_outputs_match_transformers_hidden_states(tmp_path):
     # hidden_states[i + 1] is the output of layer i (before the final norm).
     assert torch.allclose(captured[0], states[1][0], atol=1e-5)
     assert torch.allclose(captured[1], states[3][0], atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 16, 17])
+def test_skinny_linear_matches_f_linear(rows):
+    import torch.nn.functional as F
+
+    from dspark.models.llama import linear
+
+    gen = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(96, 40, generator=gen), torch.randn(96, generator=gen)
+    x = torch.randn(rows, 40, generator=gen)
+    torch.testing.assert_close(linear(x, weight, bias), F.linear(x, weight, bias))
+    torch.testing.assert_close(linear(x, weight), F.linear(x, weight))
+    batched = x.reshape(1, rows, 40)
+    assert linear(batched, weight).shape == (1, rows, 96)
+    torch.testing.assert_close(linear(batched, weight), F.linear(batched, weight))

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark.models.config import ModelConfig
-from dspark.models.llama import DecoderLayer, LlamaModel, RMSNorm, Rotary
+from dspark.models.llama import DecoderLayer, LlamaModel, RMSNorm, Rotary, linear
 
 CONFIG_FILE = "drafter.json"
 WEIGHTS_FILE = "drafter.safetensors"
@@ -229,7 +229,7 @@ class DraftModel(nn.Module):
         """Float32 logits over the rows of ``weight`` (default: the whole LM head)."""
         if weight is None:
             weight = self._require_target()[1].weight
-        return F.linear(hidden.to(weight.dtype), weight).float()
+        return linear(hidden.to(weight.dtype), weight).float()
 
     def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """``[N, d]`` rows of the target's LM head, on the drafter's device and dtype."""
