@@ -103,6 +103,18 @@ class EngineStats:
         return self.num_verified / self.num_decode_rounds if self.num_decode_rounds else 0.0
 
 
+@dataclass
+class _Batch:
+    """What adaptive verification needs to know about this step's batch (built once)."""
+
+    slots: np.ndarray  # verifier slot per scheduled request, batch order
+    decode_index: np.ndarray  # positions in the batch of the decoding requests
+    non_draft: np.ndarray  # tokens per request before drafts
+    num_sampling: int  # requests that sample a token this step
+    context: int  # tokens already cached across the batch
+    host_ms: float = 0.0  # time spent building this
+
+
 class LLMEngine:
     """``add_request`` / ``step`` over a loaded model."""
 
@@ -308,13 +320,12 @@ class LLMEngine:
         if not decode_index:
             return drafts, probs
         limits = np.array([self._draft_limit(chunks[i]) for i in decode_index])
+        batch = None
         if self.verifier is not None:
-            depth = self._drafting_depth(chunks, decode_index, limits)
+            batch = self._batch_shape(chunks, decode_index)
+            depth = self._drafting_depth(batch, limits)
             if depth == 0:
                 self.stats.undrafted_steps += 1
-                # Nothing is recorded for these requests: retry them as the population's
-                # confidences suggest (AdaptiveVerifier.relax), never give up for good.
-                self.verifier.relax(np.array([chunks[i].request.slot for i in decode_index]))
                 return drafts, probs
             limits = np.minimum(limits, depth)
         start = self._clock()
@@ -327,8 +338,8 @@ class LLMEngine:
             probs[i] = proposal.draft_probs[row]
             if self.round_log is not None and proposal.confidences is not None:
                 self._round_confidences[i] = np.array(proposal.confidences[row])
-        if self.verifier is not None:
-            self._admit_adaptively(chunks, drafts, decode_index, proposal)
+        if batch is not None:
+            self._admit_adaptively(batch, drafts, proposal)
         return drafts, probs
 
     def _draft_limit(self, chunk: ScheduledChunk) -> int:
@@ -339,58 +350,62 @@ class LLMEngine:
         )
         return max(0, min(self.config.num_drafts, chunk.draft_room, left - 1))
 
-    def _drafting_depth(
-        self, chunks: list[ScheduledChunk], decode_index: list[int], limits: np.ndarray
-    ) -> int:
-        """Adaptive: how deep to draft; 0 when even the best stale plan would not pay for
-        the drafter (``AdaptiveVerifier.drafting_pays``)."""
+    def _batch_shape(self, chunks: list[ScheduledChunk], decode_index: list[int]) -> _Batch:
         start = time.perf_counter()
-        num_drafts = np.zeros(len(chunks), dtype=np.int64)
-        num_drafts[decode_index] = limits
-        depth = self.verifier.drafting_pays(
-            np.array([c.request.slot for c in chunks]),
-            num_drafts,
-            np.array([c.num_tokens for c in chunks]),
-            sum(c.samples for c in chunks),
-            sum(c.request.num_computed for c in chunks),
+        slots = np.fromiter((c.request.slot for c in chunks), np.int64, len(chunks))
+        batch = _Batch(
+            slots=slots,
+            decode_index=np.array(decode_index, dtype=np.int64),
+            non_draft=np.fromiter((c.num_tokens for c in chunks), np.int64, len(chunks)),
+            num_sampling=sum(c.samples for c in chunks),
+            context=sum(c.request.num_computed for c in chunks),
         )
-        self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3)
+        batch.host_ms = (time.perf_counter() - start) * 1e3
+        return batch
+
+    def _drafting_depth(self, batch: _Batch, limits: np.ndarray) -> int:
+        """Adaptive: how deep to draft; 0 when even the best plan from the latest recorded
+        confidences would not pay for the drafter (``AdaptiveVerifier.drafting_pays``);
+        then the requests are relaxed (nothing is recorded for them this step, so they
+        are retried as the population's confidences suggest, never given up for good)."""
+        start = time.perf_counter()
+        num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
+        num_drafts[batch.decode_index] = limits
+        depth = self.verifier.drafting_pays(
+            batch.slots, num_drafts, batch.non_draft, batch.num_sampling, batch.context
+        )
+        if depth == 0:
+            self.verifier.relax(batch.slots[batch.decode_index])
+        self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3 + batch.host_ms)
         return depth
 
-    def _admit_adaptively(
-        self,
-        chunks: list[ScheduledChunk],
-        drafts: list[list[int]],
-        decode_index: list[int],
-        proposal: Proposal,
-    ) -> None:
+    def _admit_adaptively(self, batch: _Batch, drafts: list[list[int]], proposal: Proposal) -> None:
         """Stale budget, fresh allocation (``dspark.scheduling.verifier``)."""
         start = time.perf_counter()
         k = self.config.num_drafts
-        decoding = np.array([chunks[i].request.slot for i in decode_index])
+        decode_index = batch.decode_index
         confidences = proposal.confidences
         if confidences is None:
-            confidences = self.acceptance.confidences(len(decode_index))
-        self.verifier.record(decoding, np.asarray(confidences)[:, :k])
-        slots = np.array([c.request.slot for c in chunks])
-        num_drafts = np.array([len(d) for d in drafts])
-        non_draft = np.array([c.num_tokens for c in chunks])
-        num_sampling = sum(c.samples for c in chunks)
-        context = sum(c.request.num_computed for c in chunks)
-        budget = self.verifier.plan(slots, num_drafts, non_draft, num_sampling, context)
+            confidences = self.acceptance.confidences(decode_index.shape[0])
+        self.verifier.record(batch.slots[decode_index], np.asarray(confidences)[:, :k])
+        num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
+        num_drafts[decode_index] = [len(drafts[i]) for i in decode_index]
+        budget = self.verifier.plan(
+            batch.slots, num_drafts, batch.non_draft, batch.num_sampling, batch.context
+        )
         on_device = proposal.device_confidences is not None and self.allocate_on_device
         if on_device and 0 < budget < num_drafts.sum():
             # Only decoding requests have drafts; the others would admit nothing anyway and
             # dropping them keeps the batch order, so ties resolve as on the host.
             counts = torch.from_numpy(num_drafts[decode_index]).to(self.device)
             chosen = allocate_drafts_torch(proposal.device_confidences[:, :k], counts, budget)
-            admitted = np.zeros(len(chunks), dtype=np.int64)
+            admitted = np.zeros(batch.slots.shape[0], dtype=np.int64)
             admitted[decode_index] = chosen.cpu().numpy()  # the packed batch is built here
         else:
-            admitted = self.verifier.allocate(slots, num_drafts, budget)
+            admitted = self.verifier.allocate(batch.slots, num_drafts, budget)
         self.stats.budgets.append(budget)
-        for i, count in enumerate(admitted):
-            drafts[i] = drafts[i][:count]
+        for i in decode_index.tolist():
+            drafts[i] = drafts[i][: admitted[i]]
         self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3)
 
     def _apply(
