@@ -125,10 +125,14 @@ def test_ngram_drafter_copies_the_continuation_of_the_latest_match():
 
 
 def test_online_acceptance_counts_conditional_trials():
-    online = OnlineAcceptance(3, prior=0.5, prior_weight=0.0, decay=1.0)
+    online = OnlineAcceptance(3, prior=0.5, prior_weight=1.0, decay=1.0)
     # Request A: 3 admitted, 1 accepted -> pos0 accepted, pos1 rejected, pos2 untried.
     # Request B: 2 admitted, 2 accepted -> pos0, pos1 accepted.
     online.update(np.array([3, 2]), np.array([1, 2]))
     assert online.trials.tolist() == [2, 2, 0]
     assert online.accepted.tolist() == [2, 1, 0]
+    # (accepted + 0.5 · 1) / (trials + 1): the untried position keeps the prior.
+    np.testing.assert_allclose(online.rates, [2.5 / 3, 1.5 / 3, 0.5])
     assert online.confidences(2).shape == (2, 3)
+    with pytest.raises(ValueError, match="prior_weight"):
+        OnlineAcceptance(3, prior_weight=0.0)

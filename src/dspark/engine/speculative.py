@@ -103,6 +103,11 @@ class OnlineAcceptance:
         prior_weight: float = 4.0,
         decay: float = 0.995,
     ) -> None:
+        if not 0.0 <= prior <= 1.0 or prior_weight <= 0.0 or not 0.0 < decay <= 1.0:
+            raise ValueError(
+                "need prior in [0, 1], prior_weight > 0 (an untried position would have no "
+                f"rate) and decay in (0, 1]; got {prior}, {prior_weight}, {decay}"
+            )
         self.accepted = np.zeros(num_positions)
         self.trials = np.zeros(num_positions)
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
