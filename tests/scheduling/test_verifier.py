@@ -142,3 +142,33 @@ def test_drafting_pays_reads_the_latest_record_and_relax_retries_skipped_slots()
         verifier.relax(np.array([0]), weight=1.5)
     with pytest.raises(ValueError, match="no request"):
         verifier.relax(np.array([1]))
+
+
+def test_the_budget_reuses_the_gates_search_only_when_its_inputs_are_the_same():
+    class Counting:
+        calls = 0
+
+        def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
+            Counting.calls += 1
+            return 10.0 + 0.7 * np.arange(max_drafts + 1)
+
+    verifier = AdaptiveVerifier(3, 3, Counting(), max_total_logits=64)
+    for slot in range(3):
+        verifier.add_request(slot)
+    slots, drafts, non_draft = np.arange(3), np.array([3, 3, 3]), np.ones(3, dtype=int)
+    rng = np.random.default_rng(0)
+    previous = np.ones((3, 3))  # new slots start at 1.0
+    for _ in range(6):
+        fresh = rng.uniform(0.05, 0.95, (3, 3))
+        calls = Counting.calls
+        verifier.drafting_pays(slots, drafts, non_draft, 3)
+        verifier.record(slots, fresh)  # the rows the gate read become the stale ones
+        budget = verifier.plan(slots, drafts, non_draft, 3)
+        assert Counting.calls == calls + 1  # one search for the gate and the budget
+        # And it is the seed's answer on the stale confidences.
+        assert budget == choose_draft_budget(previous, drafts, non_draft, 3, Counting(), 64)
+        previous = fresh
+        # Different inputs (one request drafts less): searched again.
+        calls = Counting.calls
+        verifier.plan(slots, np.array([3, 2, 3]), non_draft, 3)
+        assert Counting.calls == calls + 1
