@@ -62,6 +62,12 @@ def check_draft_vocab(ids: np.ndarray | torch.Tensor, vocab_size: int) -> np.nda
     return ids.astype(np.int64)
 
 
+def _apply(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` through ``dspark.models.llama.linear`` (few rows on CPU read the
+    weight once)."""
+    return linear(x, module.weight, module.bias)
+
+
 def default_capture_layers(num_target_layers: int, count: int = 5) -> tuple[int, ...]:
     """``count`` layers spread from the second to the third-from-last (fewer for very
     shallow targets); never the last layer, whose output is the LM head's input."""
@@ -251,7 +257,7 @@ class DraftModel(nn.Module):
 
     def context(self, features: torch.Tensor) -> torch.Tensor:
         """``[..., n_layers · d]`` target features → ``[..., d]`` context vectors."""
-        return self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
+        return self.context_norm(_apply(self.fc, features.to(self.fc.weight.dtype)))
 
     def context_kv(
         self, layer: DecoderLayer, context: torch.Tensor, positions: torch.Tensor
@@ -259,8 +265,8 @@ class DraftModel(nn.Module):
         """One layer's keys (rotated) and values for context vectors ``[..., T, d]``."""
         attn = layer.self_attn
         shape = (*context.shape[:-1], attn.num_kv_heads, attn.head_dim)
-        k = self.rotary(attn.k_proj(context).view(shape), positions)
-        return k, attn.v_proj(context).view(shape)
+        k = self.rotary(_apply(attn.k_proj, context).view(shape), positions)
+        return k, _apply(attn.v_proj, context).view(shape)
 
     def block_queries(
         self, layer: DecoderLayer, hidden: torch.Tensor, positions: torch.Tensor
@@ -268,18 +274,20 @@ class DraftModel(nn.Module):
         attn = layer.self_attn
         x = layer.input_layernorm(hidden)
         lead = x.shape[:-1]
-        q = self.rotary(attn.q_proj(x).view(*lead, attn.num_heads, attn.head_dim), positions)
-        k = self.rotary(attn.k_proj(x).view(*lead, attn.num_kv_heads, attn.head_dim), positions)
-        v = attn.v_proj(x).view(*lead, attn.num_kv_heads, attn.head_dim)
+        heads, kv_heads, dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        q = self.rotary(_apply(attn.q_proj, x).view(*lead, heads, dim), positions)
+        k = self.rotary(_apply(attn.k_proj, x).view(*lead, kv_heads, dim), positions)
+        v = _apply(attn.v_proj, x).view(*lead, kv_heads, dim)
         return q, k, v
 
     @staticmethod
     def finish_layer(layer: DecoderLayer, hidden: torch.Tensor, attended: torch.Tensor):
         """Residual add of the attention output, then the MLP (unfused: it trains)."""
-        hidden = hidden + layer.self_attn.o_proj(attended.flatten(-2))
+        hidden = hidden + _apply(layer.self_attn.o_proj, attended.flatten(-2))
         mlp = layer.mlp
         x = layer.post_attention_layernorm(hidden)
-        return hidden + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+        gate, up = _apply(mlp.gate_proj, x), _apply(mlp.up_proj, x)
+        return hidden + _apply(mlp.down_proj, F.silu(gate) * up)
 
     def block_input(self, anchors: torch.Tensor) -> torch.Tensor:
         """``[M]`` anchor tokens → ``[M, K, d]`` block inputs (anchor, then mask tokens)."""
@@ -299,13 +307,13 @@ class DraftModel(nn.Module):
         norm) given the previous tokens (real token ids)."""
         inputs = [hidden]
         if self.config.markov_rank:
-            memory = self.markov_in(self.embed(previous))
+            memory = _apply(self.markov_in, self.embed(previous))
             inputs.append(memory)
-            hidden = hidden + self.markov_out(memory)
+            hidden = hidden + _apply(self.markov_out, memory)
         logits = self.lm_logits(hidden, head_weight)
         if not self.config.confidence_head:
             return logits, None
-        return logits, self.confidence(torch.cat(inputs, dim=-1)).squeeze(-1).float()
+        return logits, _apply(self.confidence, torch.cat(inputs, dim=-1)).squeeze(-1).float()
 
     def calibrated(self, confidence_logits: torch.Tensor) -> torch.Tensor:
         """Probabilities from confidence logits ``[..., K]``, with the calibration's
