@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from dspark.engine.drafter import DSparkDrafter
-from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.engine import EngineConfig, LLMEngine, drafter_rows
 from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
 from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import load_model, resolve_dtype, resolve_model_path
@@ -216,8 +216,8 @@ def engine_for(
     )
     drafter = None
     if replay is not None and setting.spec != "none":
-        rows = config.kv_cache_tokens + concurrency * (replay.trace.num_positions + 16)
-        inner = DSparkDrafter(replay.draft_model, rows, config.block_size)
+        block = replay.draft_model.config.block_size
+        inner = DSparkDrafter(replay.draft_model, drafter_rows(config, block), config.block_size)
         # The same seed for every configuration: they all replay the same rounds.
         drafter = ReplayDrafter(inner, replay.trace, seed=0)
     return LLMEngine(loaded, config, drafter=drafter)

@@ -103,6 +103,12 @@ class EngineStats:
         return self.num_verified / self.num_decode_rounds if self.num_decode_rounds else 0.0
 
 
+def drafter_rows(config: EngineConfig, drafter_block: int) -> int:
+    """Cache rows a drafter needs beside an engine: the target's, plus room for every
+    running request's block of ``drafter_block`` drafts (rounded up by a cache block)."""
+    return config.kv_cache_tokens + config.max_num_seqs * (drafter_block + config.block_size)
+
+
 @dataclass
 class _Batch:
     """What adaptive verification needs to know about this step's batch (built once)."""
@@ -248,12 +254,14 @@ class LLMEngine:
             return NgramDrafter(self.config.num_drafts)
         model = load_drafter(path, self.model)
         config = self.config
-        room = config.max_num_seqs * (model.config.block_size + config.block_size)
         reduced = config.draft_vocab == "on" or (
             config.draft_vocab == "auto" and self.device.type == "cpu"
         )
         return DSparkDrafter(
-            model, config.kv_cache_tokens + room, config.block_size, use_draft_vocab=reduced
+            model,
+            drafter_rows(config, model.config.block_size),
+            config.block_size,
+            use_draft_vocab=reduced,
         )
 
     def _on_admit(self, request: Request) -> None:
@@ -422,13 +430,16 @@ class LLMEngine:
         touched = []
         offset = 0
         sampled: dict[int, tuple[torch.Tensor, list[int]]] = {}
+        replay = getattr(self.drafter, "replayed_acceptance", None)
         # Greedy rows need only the argmax: one reduction and one transfer for the batch.
-        argmax = logits.argmax(dim=-1).tolist() if logits is not None else []
+        needs_argmax = replay is not None or any(
+            chunks[i].request.params.is_greedy for i, _ in owners
+        )
+        argmax = logits.argmax(dim=-1).tolist() if needs_argmax else []
         for i, count in owners:
-            sampled[i] = (logits[offset : offset + count], argmax[offset : offset + count])
+            sampled[i] = (logits[offset : offset + count], argmax[offset : offset + count] or None)
             offset += count
         admitted, accepted = [], []
-        replay = getattr(self.drafter, "replayed_acceptance", None)
         kept: list[tuple[Request, int, int, int]] = []  # request, position, row, count
         for i, (chunk, extra) in enumerate(zip(chunks, drafts, strict=True)):
             request = chunk.request

@@ -87,9 +87,10 @@ SKINNY_ROWS = 16
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
     """``F.linear``, except for a few rows on the CPU: there the BLAS behind ``F.linear``
-    costs about one full weight read *per row* (measured on this project's 2-core EPYC:
-    the 49,152 x 576 LM head takes 10 ms for 1 row, 34 ms for 3), while ``weight @ x.T``
-    reads the weight once (5 ms for 3 rows). A verify step has K + 1 rows per request."""
+    costs about one full weight read *per row* (on this project's 2-core EPYC the
+    49,152 x 576 LM head took 10 ms for 1 row and 35 ms for 3), while ``weight @ x.T``
+    reads the weight once (6 ms for 3 rows; ``scripts/cpu_small_rows.py``). A verify step
+    has K + 1 rows per request."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if x.device.type != "cpu" or not 1 < rows <= SKINNY_ROWS:
         return F.linear(x, weight, bias)
