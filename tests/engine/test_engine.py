@@ -32,10 +32,11 @@ class CheapCost(RandomCost):
 def run(loaded, prompts, params=GREEDY, **config):
     cost = config.pop("cost_model", None)
     drafter = config.pop("drafter_model", None)
+    drafter_graphs = config.pop("drafter_graphs", None)  # padded block passes
     if drafter is not None:  # a DSpark drafter model built for this (random) target
         from dspark.engine.drafter import DSparkDrafter
 
-        drafter = DSparkDrafter(drafter, 16384, 16)
+        drafter = DSparkDrafter(drafter, 16384, 16, graphs=drafter_graphs)
     engine = LLMEngine(loaded, EngineConfig(**config), drafter=drafter, cost_model=cost)
     requests = [engine.add_request(p, params) for p in prompts]
     while engine.has_unfinished():

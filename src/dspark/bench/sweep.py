@@ -217,7 +217,10 @@ def engine_for(
     drafter = None
     if replay is not None and setting.spec != "none":
         block = replay.draft_model.config.block_size
-        inner = DSparkDrafter(replay.draft_model, drafter_rows(config, block), config.block_size)
+        graphs = (concurrency, loaded.config.max_position) if args.device == "cuda" else None
+        inner = DSparkDrafter(
+            replay.draft_model, drafter_rows(config, block), config.block_size, graphs=graphs
+        )
         # The same seed for every configuration: they all replay the same rounds.
         drafter = ReplayDrafter(inner, replay.trace, seed=0)
     return LLMEngine(loaded, config, drafter=drafter)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dspark.engine.graphs import PaddedStepRunner
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from dspark.engine.request import Request
 from dspark.engine.sampling import target_probs
@@ -44,7 +45,10 @@ class DSparkDrafter:
         num_rows: int,
         block_size: int = 16,
         use_draft_vocab: bool = True,
+        graphs: tuple[int, int] | None = None,
     ) -> None:
+        """``graphs``: ``(max_num_seqs, max_model_len)`` to run the block pass as padded
+        steps (``dspark.engine.graphs``; captured as CUDA graphs on a GPU), None: eager."""
         self.model = model
         self.num_positions = model.config.block_size
         self.capture_layers = model.config.capture_layers
@@ -65,6 +69,18 @@ class DSparkDrafter:
         )
         self.tables: dict[str, BlockTable] = {}
         self.lengths: dict[str, int] = {}  # context positions cached per request
+        self.graphs: PaddedStepRunner | None = None
+        if graphs is not None:
+            max_num_seqs, max_model_len = graphs
+            k = self.num_positions
+            self.graphs = PaddedStepRunner(
+                self._block_pass,
+                self.cache,
+                max_tokens=max_num_seqs * k,
+                max_pieces=max_num_seqs,
+                max_len=max_model_len + k,
+                capture=self.device.type == "cuda",
+            )
 
     @property
     def has_confidence(self) -> bool:
@@ -130,21 +146,24 @@ class DSparkDrafter:
             return Proposal(tokens, probs, confidences if self.has_confidence else None)
         chosen = [requests[i] for i in ready]
         anchor_pos = np.array([r.num_tokens - 1 for r in chosen])
-        batch = self.cache.attention_batch(
-            [self.tables[r.request_id] for r in chosen],
-            anchor_pos,
-            np.full(len(chosen), k),
-            causal=False,
-        )
-        anchors = torch.tensor([r.all_ids[-1] for r in chosen], device=self.device)
-        positions = torch.from_numpy((anchor_pos[:, None] + np.arange(k)).ravel()).to(self.device)
+        anchor_ids = np.array([r.all_ids[-1] for r in chosen], dtype=np.int64)
+        anchors = torch.from_numpy(anchor_ids).to(self.device)
         model = self.model
-        hidden = model.block_input(anchors).flatten(0, 1)  # [n·K, d]
-        for layer, (k_cache, v_cache) in zip(model.layers, self.cache.layers, strict=True):
-            q, k_new, v_new = model.block_queries(layer, hidden, positions)
-            attended = paged_attention(q, k_new, v_new, batch, k_cache, v_cache)
-            hidden = model.finish_layer(layer, hidden, attended)
-        hidden = model.norm(hidden).view(len(chosen), k, -1)
+        tables = [self.tables[r.request_id] for r in chosen]
+        queries = np.full(len(chosen), k)
+        shape = None if self.graphs is None else self.graphs.shape_for(anchor_pos, queries)
+        if shape is not None:  # block ids: the anchor, then -1 for each mask token
+            ids = np.full((len(chosen), k), -1, dtype=np.int64)
+            ids[:, 0] = anchor_ids
+            hidden = self.graphs.run(tables, anchor_pos, queries, ids.ravel(), False, shape)
+        else:
+            batch = self.cache.attention_batch(tables, anchor_pos, queries, causal=False)
+            positions = (anchor_pos[:, None] + np.arange(k)).ravel()
+            hidden = self._block_pass(
+                None, torch.from_numpy(positions).to(self.device), batch, anchors
+            )
+        model = self.model
+        hidden = hidden.view(len(chosen), k, -1)
         # The LM head runs once per position, sequentially (the Markov head), and reads the
         # whole (draft) vocabulary each time: stop at the deepest draft any request may verify.
         depth = int(max(max_drafts[i] for i in ready))
@@ -167,6 +186,23 @@ class DSparkDrafter:
         if not self.has_confidence:
             return Proposal(tokens, probs, None)
         return Proposal(tokens, probs, confidences, on_device)
+
+    def _block_pass(self, ids, positions, batch, anchors=None) -> torch.Tensor:
+        """The draft layers over packed blocks: ``[n·K, d]`` after the final norm. The
+        block inputs come from ``anchors`` ``[n]`` (eager), or from per-token ``ids``
+        (padded steps: the anchor's id, -1 for a mask token)."""
+        model = self.model
+        if anchors is not None:
+            hidden = model.block_input(anchors).flatten(0, 1)  # [n·K, d]
+        else:
+            embedded = model.embed(ids.clamp(min=0))
+            mask = model.mask_embedding.to(embedded.dtype)
+            hidden = torch.where((ids >= 0)[:, None], embedded, mask)
+        for layer, (k_cache, v_cache) in zip(model.layers, self.cache.layers, strict=True):
+            q, k_new, v_new = model.block_queries(layer, hidden, positions)
+            attended = paged_attention(q, k_new, v_new, batch, k_cache, v_cache)
+            hidden = model.finish_layer(layer, hidden, attended)
+        return model.norm(hidden)
 
     def _sample(self, requests: list[Request], hidden: torch.Tensor, anchors: torch.Tensor, k: int):
         """Left-to-right Markov sampling of the first ``k`` positions: greedy requests take

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dspark.engine.kv_cache import PagedKVCache
+from dspark.engine.graphs import PaddedStepRunner
+from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from dspark.engine.request import FinishReason, PromptTooLongError, Request
 from dspark.engine.sampling import SamplingParams
 from dspark.engine.scheduler import ScheduledChunk, Scheduler
@@ -25,6 +26,7 @@ from dspark.engine.speculative import Drafter, NgramDrafter, OnlineAcceptance, P
 from dspark.models.loader import LoadedModel
 from dspark.ops import allocate_drafts_torch
 from dspark.scheduling import AdaptiveVerifier, StepCostModel
+from dspark.scheduling.cost import ObservedDraftCost
 
 
 class SpecMode(str, enum.Enum):
@@ -55,9 +57,14 @@ class EngineConfig:
     # or "auto" (on for CPU, where each draft position reads the LM head from memory; off
     # on CUDA, where the full head is cheap and the reduced one only lowers acceptance).
     draft_vocab: str = "auto"
+    # Padded steps replayed as CUDA graphs (``dspark.engine.graphs``): "auto" (on for
+    # CUDA), "on" (on CPU: the same padded layout, run eagerly) or "off" (eager, unpadded).
+    cuda_graphs: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", SpecMode(self.spec))
+        if self.cuda_graphs not in ("auto", "on", "off"):
+            raise ValueError(f"cuda_graphs must be 'auto', 'on' or 'off', got {self.cuda_graphs!r}")
         if self.draft_vocab not in ("auto", "on", "off"):
             raise ValueError(f"draft_vocab must be 'auto', 'on' or 'off', got {self.draft_vocab!r}")
         if self.allocation not in ("auto", "host", "device"):
@@ -162,6 +169,19 @@ class LLMEngine:
             on_admit=self._on_admit,
             on_release=self._on_release,
         )
+        self.graphs: PaddedStepRunner | None = None
+        self.padded_steps = config.cuda_graphs == "on" or (
+            config.cuda_graphs == "auto" and self.device.type == "cuda"
+        )
+        if self.padded_steps:
+            self.graphs = PaddedStepRunner(
+                self._graph_body,
+                self.cache,
+                max_tokens=config.max_num_batched_tokens,
+                max_pieces=config.max_num_batched_tokens,
+                max_len=self.max_model_len,
+                capture=self.device.type == "cuda",
+            )
         self.stop_ids = loaded.stop_token_ids
         self.stats = EngineStats()
         self.requests: dict[str, Request] = {}
@@ -191,7 +211,8 @@ class LLMEngine:
             if cost_model is None:
                 from dspark.engine.profiling import profile_engine
 
-                cost_model = profile_engine(self, path=self.config.profile_path).tables
+                profiled = profile_engine(self, path=self.config.profile_path).tables
+                cost_model = ObservedDraftCost(profiled)
             self.verifier = AdaptiveVerifier(
                 config.max_num_seqs,
                 config.num_drafts,
@@ -262,6 +283,7 @@ class LLMEngine:
             drafter_rows(config, model.config.block_size),
             config.block_size,
             use_draft_vocab=reduced,
+            graphs=(config.max_num_seqs, self.max_model_len) if self.padded_steps else None,
         )
 
     def _on_admit(self, request: Request) -> None:
@@ -284,15 +306,13 @@ class LLMEngine:
         if not chunks:
             return []
         drafts, draft_probs = self._draft(chunks)
-        tokens, positions, num_cached, num_query = [], [], [], []
+        tokens, num_cached, num_query = [], [], []
         for chunk, extra in zip(chunks, drafts, strict=True):
             request = chunk.request
             start = request.num_computed
             tokens += request.all_ids[start : start + chunk.num_tokens] + extra
-            count = chunk.num_tokens + len(extra)
-            positions.append(np.arange(start, start + count))
             num_cached.append(start)
-            num_query.append(count)
+            num_query.append(chunk.num_tokens + len(extra))
         num_query_np = np.array(num_query)
         ends = np.cumsum(num_query_np)
         rows, owners = [], []
@@ -301,22 +321,55 @@ class LLMEngine:
                 count = len(extra) + 1
                 rows.extend(range(ends[i] - count, ends[i]))
                 owners.append((i, count))
-        batch = self.cache.attention_batch(
-            [c.request.table for c in chunks], np.array(num_cached), num_query_np
-        )
         start_time = self._clock()
-        hidden, captured = self.model(
-            torch.tensor(tokens, device=self.device),
-            torch.from_numpy(np.concatenate(positions)).to(self.device),
-            batch,
-            self.cache.layers,
-            capture_layers=getattr(self.drafter, "capture_layers", ()),
+        hidden, captured = self.forward(
+            [c.request.table for c in chunks],
+            np.array(num_cached),
+            num_query_np,
+            np.array(tokens, dtype=np.int64),
         )
         logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]) if rows else None
         self.stats.forward_ms.append(self._clock() - start_time)
         features = torch.cat(captured, dim=-1) if captured else None
         row_starts = ends - num_query_np
         return self._apply(chunks, drafts, draft_probs, logits, owners, row_starts, features)
+
+    def forward(
+        self,
+        tables: list[BlockTable],
+        num_cached: np.ndarray,
+        num_query: np.ndarray,
+        tokens: np.ndarray,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The target over one packed step: final hidden states ``[T, hidden]`` and the
+        drafter's captured layers. A padded (graph) step when its shape is captured or
+        capturable, else eager; the outputs of a graph are its own buffers, valid until
+        the next forward."""
+        shape = None if self.graphs is None else self.graphs.shape_for(num_cached, num_query)
+        if shape is not None:
+            outputs = self.graphs.run(tables, num_cached, num_query, tokens, shape=shape)
+            return outputs[0], outputs[1:]
+        batch = self.cache.attention_batch(tables, num_cached, num_query)
+        positions = np.concatenate(
+            [np.arange(c, c + q) for c, q in zip(num_cached, num_query, strict=True)]
+        )
+        return self.model(
+            torch.from_numpy(tokens).to(self.device),
+            torch.from_numpy(positions).to(self.device),
+            batch,
+            self.cache.layers,
+            capture_layers=getattr(self.drafter, "capture_layers", ()),
+        )
+
+    def _graph_body(self, ids: torch.Tensor, positions: torch.Tensor, batch) -> list:
+        hidden, captured = self.model(
+            ids,
+            positions,
+            batch,
+            self.cache.layers,
+            capture_layers=getattr(self.drafter, "capture_layers", ()),
+        )
+        return [hidden, *captured]
 
     def _draft(self, chunks: list[ScheduledChunk]) -> tuple[list[list[int]], list]:
         drafts: list[list[int]] = [[] for _ in chunks]
@@ -338,7 +391,10 @@ class LLMEngine:
             limits = np.minimum(limits, depth)
         start = self._clock()
         proposal: Proposal = self.drafter.propose([chunks[i].request for i in decode_index], limits)
-        self.stats.drafter_ms.append(self._clock() - start)
+        drafter_ms = self._clock() - start
+        self.stats.drafter_ms.append(drafter_ms)
+        if batch is not None and isinstance(self.verifier.cost_model, ObservedDraftCost):
+            self.verifier.cost_model.record(len(chunks), drafter_ms)
         for row, (i, proposed, limit) in enumerate(
             zip(decode_index, proposal.tokens, limits, strict=True)
         ):

@@ -72,6 +72,13 @@ class PagedKVCache:
             table.blocks.append(self._free.pop())
         return True
 
+    def reserve_scratch(self) -> int:
+        """Take one block out of the pool for good and return its id: padded steps write
+        their padding tokens' keys there (``dspark.engine.graphs``)."""
+        if not self._free:
+            raise ValueError("the KV cache has no free block for padding; raise kv_cache_tokens")
+        return self._free.pop()
+
     def release(self, table: BlockTable) -> None:
         self._free.extend(reversed(table.blocks))
         table.blocks.clear()

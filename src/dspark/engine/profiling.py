@@ -3,9 +3,11 @@
 Dummy steps of every profiled token count, split over ``min(tokens, max_num_seqs)``
 requests that each have ``profile_context`` tokens cached, replayed a few times, with the
 LM head on every row (as in a verification step, where each token is sampled); the
-per-size medians become the cost tables of adaptive verification. Eager execution pads
-nothing, so the profile treats only size 1 as "captured" and interpolates every larger
-size between profiled points (``cudagraph_limit = 1``).
+per-size medians become the cost tables of adaptive verification. With padded (graph)
+steps every captured token count is profiled and a step costs what the captured size it
+pads to costs (a step function up to the largest); eager execution pads nothing, so the
+profile treats only size 1 as "captured" and interpolates every larger size between
+profiled points (``cudagraph_limit = 1``).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class EngineProfile:
             and self.model == str(engine.loaded.path)
             and self.device == engine.device.type
             and self.dtype == str(engine.dtype)
+            and self.cudagraph_limit == captured_sizes(engine)[-1]
         )
 
 
@@ -94,11 +97,14 @@ def profile_engine(
     config = engine.config
     samples = []
     rng = np.random.default_rng(0)
-    for size in profile_sizes(EAGER_CAPTURE_SIZES, config.max_num_batched_tokens):
+    capture_sizes = captured_sizes(engine)
+    for size in profile_sizes(capture_sizes, config.max_num_batched_tokens):
         num_reqs = min(size, config.max_num_seqs)
         query = np.full(num_reqs, size // num_reqs)
         query[: size % num_reqs] += 1
         context = min(profile_context, engine.max_model_len - int(query.max()))
+        if engine.graphs is not None:  # capture the shape before timing its replays
+            _dummy_step(engine, query, context, rng)
         for _ in range(PROFILE_REPLAYS):
             forward_ms, drafter_ms = _dummy_step(engine, query, context, rng)
             samples.append(StepTiming(num_reqs, size, forward_ms, drafter_ms, True))
@@ -106,7 +112,7 @@ def profile_engine(
         samples,
         config.max_num_seqs,
         config.max_num_batched_tokens,
-        EAGER_CAPTURE_SIZES[-1],
+        capture_sizes[-1],
         profile_context,
         str(engine.loaded.path),
         engine.device.type,
@@ -116,6 +122,12 @@ def profile_engine(
     if path is not None:
         profile.save(Path(path))
     return profile
+
+
+def captured_sizes(engine: LLMEngine) -> list[int]:
+    """Token counts a step pads to: the graph sizes, or [1] for eager steps (which pad
+    nothing, so only size 1 is "captured" and larger sizes interpolate)."""
+    return EAGER_CAPTURE_SIZES if engine.graphs is None else engine.graphs.token_sizes
 
 
 @torch.inference_mode()
@@ -133,13 +145,9 @@ def _dummy_step(
                 )
         vocab = engine.loaded.config.vocab_size
         num_tokens = int(query.sum())
-        tokens = torch.from_numpy(rng.integers(0, vocab, num_tokens)).to(engine.device)
-        positions = torch.from_numpy(
-            np.concatenate([np.arange(context, context + q) for q in query])
-        )
-        batch = cache.attention_batch(tables, np.full(len(query), context), query)
+        tokens = rng.integers(0, vocab, num_tokens).astype(np.int64)
         start = engine._clock()
-        hidden, _ = engine.model(tokens, positions.to(engine.device), batch, cache.layers)
+        hidden, _ = engine.forward(tables, np.full(len(query), context), query, tokens)
         engine.model.logits(hidden)  # a verify step samples every row it computes
         forward_ms = engine._clock() - start
         drafter_ms = 0.0

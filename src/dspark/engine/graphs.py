@@ -1,0 +1,296 @@
+"""CUDA graphs for packed, variable-length steps: every step padded to a captured shape.
+
+An eager step of a large model on a GPU is bound by kernel launches (an 8B-shaped step
+took 26 ms for one token on an H200, about four times its weight-read time). A CUDA
+graph replays the whole forward with one launch, but only for fixed shapes and fixed
+buffers, while a verify step has per-request query lengths that change every step.
+
+The layout that makes every step one of few shapes:
+
+- **Pieces.** Each request's tokens of the step are cut into pieces of at most
+  ``piece_len`` consecutive tokens (a decode with its admitted drafts is one piece; a
+  prompt chunk of 300 tokens is 19 pieces of 16). A piece attends over its request's
+  cached rows up to its own positions; the step's keys and values are written before
+  any piece attends, so a chunk cut into pieces attends exactly as it would whole.
+- **Padding.** The packed tokens pad to a captured token count ``T`` (a step function:
+  the seed's cost tables price exactly this), the pieces to a captured piece count ``R``,
+  and every piece's key span to a length bucket ``L``. Padding tokens write their keys to
+  a scratch block of the cache that no request owns, and their outputs are dropped.
+- **One staging copy.** Token ids, positions, cache rows to write, where each token's
+  query row sits, and per piece its query length, the last key its first query sees,
+  whether it is causal, and its block table, are packed on the host into one int64
+  array and copied to the device in one transfer; the masks and gather indices are
+  built from them inside the graph.
+
+The same layout runs without capture (``capture=False``; the CPU, and tests comparing it
+with the unpadded path), so what the graph computes is checked where graphs do not exist.
+Graphs are captured lazily, the first time a shape is met, into one memory pool.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dspark.engine.kv_cache import BlockTable, PagedKVCache
+from dspark.models.llama import AttentionBatch, AttentionGroup
+
+PIECE_LEN = 16
+"""Longest piece: a decode with up to 15 drafts fits one."""
+
+
+def token_sizes(limit: int) -> list[int]:
+    """Captured token counts up to ``limit`` (finer where steps are common)."""
+    sizes = [1, 2, 4, 8, *range(16, 256, 16), *range(256, 512, 32)]
+    sizes += [*range(512, 1024, 64), *range(1024, 4096, 128), *range(4096, 16385, 512)]
+    sizes = [s for s in sizes if s < limit]
+    return [*sizes, limit]
+
+
+def piece_sizes(limit: int) -> list[int]:
+    """Captured piece counts up to ``limit`` (padding pieces cost attention only)."""
+    sizes = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512]
+    sizes += list(range(640, limit, 128))
+    sizes = [s for s in sizes if s < limit]
+    return [*sizes, limit]
+
+
+def _round_up(sizes: Sequence[int], value: int) -> int | None:
+    index = bisect.bisect_left(sizes, value)
+    return sizes[index] if index < len(sizes) else None
+
+
+@dataclass(frozen=True)
+class StepShape:
+    num_tokens: int  # T, padded
+    num_pieces: int  # R, padded
+    max_len: int  # L, padded key span (a multiple of the cache's block size)
+
+    def offsets(self, block_size: int) -> dict[str, tuple[int, int]]:
+        """Where each field sits in the staging array: name -> (start, length)."""
+        t, r = self.num_tokens, self.num_pieces
+        fields = [("ids", t), ("positions", t), ("write", t), ("rows", t)]
+        fields += [("query_len", r), ("last_seen", r), ("causal", r)]
+        fields += [("blocks", r * (self.max_len // block_size))]
+        out, start = {}, 0
+        for name, length in fields:
+            out[name] = (start, length)
+            start += length
+        return out
+
+
+class PaddedStepRunner:
+    """Runs ``body`` over packed steps padded to a ``StepShape``; captures one CUDA graph
+    per shape when ``capture`` (the first time each shape is met).
+
+    ``body(ids, positions, batch)`` is the forward: it returns a tensor or a list of
+    tensors whose first dimension is the (padded) token count; ``run`` returns them cut
+    to the real tokens. They are the graph's own buffers: use them (or copy them) before
+    the next ``run``.
+    """
+
+    def __init__(
+        self,
+        body: Callable[[torch.Tensor, torch.Tensor, AttentionBatch], object],
+        cache: PagedKVCache,
+        max_tokens: int,
+        max_pieces: int,
+        max_len: int,
+        capture: bool,
+        piece_len: int = PIECE_LEN,
+        max_graphs: int = 256,
+    ) -> None:
+        self.body = body
+        self.cache = cache
+        self.block_size = cache.block_size
+        self.piece_len = piece_len
+        self.capture = capture
+        self.device = cache.device
+        self.token_sizes = token_sizes(max_tokens)
+        self.piece_sizes = piece_sizes(max_pieces)
+        bs = self.block_size
+        top = -(-max_len // bs) * bs  # key spans: powers of two, then the longest
+        spans = [1 << b for b in range(7, 31) if (1 << b) < top] + [top]
+        self.len_sizes = sorted({-(-s // bs) * bs for s in spans})
+        self.scratch_block = cache.reserve_scratch()
+        self.max_graphs = max_graphs
+        self.graphs: OrderedDict[StepShape, tuple] = OrderedDict()
+        self.pool = None
+        self.num_captures = 0
+        self.num_runs = 0  # padded steps run (replayed or eager)
+        largest = StepShape(self.token_sizes[-1], self.piece_sizes[-1], self.len_sizes[-1])
+        size = sum(n for _, n in largest.offsets(bs).values())
+        self.staging = torch.zeros(size, dtype=torch.int64, pin_memory=capture)
+        self.buffer = torch.zeros(size, dtype=torch.int64, device=self.device)
+
+    # ---- host side --------------------------------------------------------------------
+
+    def shape_for(self, num_cached: np.ndarray, num_query: np.ndarray) -> StepShape | None:
+        """The padded shape of a step, or None when it is larger than any captured one."""
+        pieces = int((-(-num_query // self.piece_len)).sum())
+        t = _round_up(self.token_sizes, int(num_query.sum()))
+        r = _round_up(self.piece_sizes, pieces)
+        length = _round_up(self.len_sizes, int((num_cached + num_query).max()))
+        if t is None or r is None or length is None:
+            return None
+        return StepShape(t, r, length)
+
+    def stage(
+        self,
+        shape: StepShape,
+        tables: Sequence[BlockTable],
+        num_cached: np.ndarray,
+        num_query: np.ndarray,
+        ids: np.ndarray,
+        causal: bool,
+    ) -> int:
+        """Fill the staging array for one step; returns how many entries it used."""
+        bs, plen = self.block_size, self.piece_len
+        num_tokens = int(num_query.sum())
+        per_request = -(-num_query // plen)
+        owner = np.repeat(np.arange(len(num_query)), per_request)  # piece -> request
+        first_piece = np.cumsum(per_request) - per_request
+        index = np.arange(owner.shape[0]) - first_piece[owner]  # piece within its request
+        piece_cached = num_cached[owner] + index * plen
+        piece_query = np.minimum(plen, num_query[owner] - index * plen)
+        token_piece = np.repeat(np.arange(owner.shape[0]), piece_query)
+        piece_start = np.cumsum(piece_query) - piece_query
+        offset = np.arange(num_tokens) - piece_start[token_piece]
+        positions = piece_cached[token_piece] + offset
+        num_blocks = shape.max_len // bs
+        blocks = np.full((len(tables), num_blocks), self.scratch_block, dtype=np.int64)
+        lengths = np.array([min(len(t.blocks), num_blocks) for t in tables])
+        if lengths.sum():
+            flat = np.fromiter(
+                (b for t, n in zip(tables, lengths, strict=True) for b in t.blocks[:n]),
+                np.int64,
+                int(lengths.sum()),
+            )
+            rows_of = np.repeat(np.arange(len(tables)), lengths)
+            cols_of = np.arange(flat.shape[0]) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            blocks[rows_of, cols_of] = flat
+        token_owner = owner[token_piece]
+        scratch_row = self.scratch_block * bs
+        view = self.staging.numpy()
+        fields = shape.offsets(bs)
+
+        def put(name: str, values: np.ndarray, pad: int = 0) -> None:
+            start, length = fields[name]
+            view[start : start + values.shape[0]] = values
+            view[start + values.shape[0] : start + length] = pad
+
+        put("ids", ids)
+        put("positions", positions)
+        put("write", blocks[token_owner, positions // bs] * bs + positions % bs, scratch_row)
+        put("rows", token_piece * plen + offset)
+        put("query_len", piece_query)
+        if causal:
+            put("last_seen", piece_cached)
+        else:
+            put("last_seen", (num_cached + num_query - 1)[owner])
+        put("causal", np.full(owner.shape[0], int(causal)))
+        start, length = fields["blocks"]
+        piece_blocks = blocks[owner].ravel()
+        view[start : start + piece_blocks.shape[0]] = piece_blocks
+        view[start + piece_blocks.shape[0] : start + length] = self.scratch_block
+        return start + length
+
+    # ---- device side ------------------------------------------------------------------
+
+    def _inputs(self, shape: StepShape) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
+        """Views of the device buffer and the attention batch built from them (fresh
+        tensors every call: the rotary and mask caches key on tensor identity)."""
+        fields = shape.offsets(self.block_size)
+
+        def get(name: str) -> torch.Tensor:
+            start, length = fields[name]
+            return self.buffer[start : start + length]
+
+        bs, plen, device = self.block_size, self.piece_len, self.device
+        num_pieces, max_len = shape.num_pieces, shape.max_len
+        keys = torch.arange(max_len, device=device)
+        blocks = get("blocks").view(num_pieces, max_len // bs)
+        read = blocks[:, keys // bs] * bs + keys % bs  # [R, L] cache rows
+        offsets = torch.arange(plen, device=device)
+        query_valid = offsets[None, :] < get("query_len")[:, None]  # [R, P]
+        last = get("last_seen")[:, None] + get("causal")[:, None] * offsets[None, :]
+        mask = (keys[None, None, :] <= last[:, :, None]) & query_valid[:, :, None]
+        mask[:, :, 0] = True  # padded queries attend somewhere (their output is dropped)
+        rows = get("rows")
+        group = AttentionGroup(
+            read_index=read,
+            mask=mask[:, None],
+            query_index=self._query_index(shape, rows),
+            valid_rows=rows,
+            out_index=rows,
+        )
+        batch = AttentionBatch(write_index=get("write"), groups=[group])
+        return get("ids"), get("positions"), batch
+
+    def _query_index(self, shape: StepShape, rows: torch.Tensor) -> torch.Tensor:
+        """``[R, P]`` packed token per query slot (0 for empty slots): the inverse of
+        ``rows``."""
+        num_slots = shape.num_pieces * self.piece_len
+        slots = torch.zeros(num_slots, dtype=torch.int64, device=rows.device)
+        tokens = torch.arange(rows.shape[0], device=rows.device)
+        # Padding tokens' rows are 0, and among duplicate indices index_put_ keeps an
+        # arbitrary writer: every token aimed at slot 0 writes 0 (token 0 is the only real
+        # one that can sit there), so the winner does not matter.
+        slots.index_put_((rows,), tokens * (rows != 0))
+        return slots.view(shape.num_pieces, self.piece_len)
+
+    def run(
+        self,
+        tables: Sequence[BlockTable],
+        num_cached: np.ndarray,
+        num_query: np.ndarray,
+        ids: np.ndarray,
+        causal: bool = True,
+        shape: StepShape | None = None,
+    ):
+        """The body's outputs for this step, cut to its real tokens."""
+        shape = shape or self.shape_for(num_cached, num_query)
+        if shape is None:
+            raise ValueError("this step is larger than the largest captured shape")
+        used = self.stage(shape, tables, num_cached, num_query, ids, causal)
+        self.num_runs += 1
+        self.buffer[:used].copy_(self.staging[:used], non_blocking=self.capture)
+        if self.capture:
+            outputs = self._graph(shape)
+        else:
+            outputs = self.body(*self._inputs(shape))
+        num_tokens = int(num_query.sum())
+        if isinstance(outputs, torch.Tensor):
+            return outputs[:num_tokens]
+        return [out[:num_tokens] for out in outputs]
+
+    def _graph(self, shape: StepShape):
+        entry = self.graphs.get(shape)
+        if entry is not None:
+            self.graphs.move_to_end(shape)
+            entry[0].replay()
+            return entry[1]
+        if len(self.graphs) >= self.max_graphs:
+            self.graphs.popitem(last=False)
+        # The staged step is real: run it eagerly (this step's answer), then capture the
+        # shape with the same inputs (capturing records kernels and runs nothing).
+        if self.num_captures == 0:  # lazy initialisation (cuBLAS handles, workspaces)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self.body(*self._inputs(shape))
+            torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = self.body(*self._inputs(shape))
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.num_captures += 1
+        self.graphs[shape] = (graph, outputs)
+        graph.replay()
+        return outputs

@@ -1,0 +1,152 @@
+"""The padded step layout (what a CUDA graph replays), run eagerly on the CPU, against the
+unpadded path: same hidden states, same greedy outputs."""
+
+import numpy as np
+import pytest
+import torch
+
+from dspark.engine.graphs import PaddedStepRunner, StepShape, piece_sizes, token_sizes
+from dspark.engine.kv_cache import BlockTable, PagedKVCache
+from tests.conftest import make_tiny_model
+from tests.engine.test_engine import GREEDY, RandomCost, repetitive_prompts, run
+
+
+def test_sizes_are_ascending_and_end_at_the_limit():
+    for limit in (1, 7, 100, 2048, 3000):
+        for sizes in (token_sizes(limit), piece_sizes(limit)):
+            assert sizes[-1] == limit
+            assert sizes == sorted(set(sizes))
+
+
+def _two_caches(loaded, num_blocks=64, block_size=4):
+    return [PagedKVCache(loaded.config, num_blocks, block_size, torch.float32) for _ in range(2)]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_padded_step_matches_the_unpadded_forward(tiny, causal):
+    """A mixed step (decodes with drafts, a prompt chunk cut into pieces, an empty-cache
+    request) gives the same hidden states padded and unpadded, and writes the same keys."""
+    model = tiny.model
+    eager_cache, padded_cache = _two_caches(tiny)
+    rng = np.random.default_rng(0)
+    num_cached = np.array([5, 0, 13, 2, 9])
+    num_query = np.array([1, 37, 4, 8, 3])  # 37 tokens: three pieces of 16, 16 and 5
+    tables = []
+    for cached, query in zip(num_cached, num_query, strict=True):
+        table = BlockTable()
+        assert eager_cache.reserve(table, int(cached + query))
+        tables.append(table)
+    padded_tables = []
+    for table in tables:  # same blocks in the other cache (fresh pools hand out alike)
+        twin = BlockTable()
+        assert padded_cache.reserve(twin, len(table.blocks) * 4)
+        assert twin.blocks == table.blocks
+        padded_tables.append(twin)
+    # Identical cached contents in both caches.
+    for (k1, v1), (k2, v2) in zip(eager_cache.layers, padded_cache.layers, strict=True):
+        k1.copy_(torch.randn_like(k1))
+        v1.copy_(torch.randn_like(v1))
+        k2.copy_(k1)
+        v2.copy_(v1)
+    ids = rng.integers(0, tiny.config.vocab_size, int(num_query.sum()))
+    positions = np.concatenate(
+        [np.arange(c, c + q) for c, q in zip(num_cached, num_query, strict=True)]
+    )
+    with torch.inference_mode():
+        batch = eager_cache.attention_batch(tables, num_cached, num_query, causal=causal)
+        expected, _ = model(
+            torch.from_numpy(ids), torch.from_numpy(positions), batch, eager_cache.layers
+        )
+
+        def body(ids_t, positions_t, padded_batch):
+            return model(ids_t, positions_t, padded_batch, padded_cache.layers)[0]
+
+        runner = PaddedStepRunner(body, padded_cache, 64, 64, 64, capture=False)
+        shape = runner.shape_for(num_cached, num_query)
+        assert shape == StepShape(64, 8, 64)  # 53 tokens -> 64; 7 pieces -> 8; 40 keys -> 64
+        got = runner.run(padded_tables, num_cached, num_query, ids, causal=causal)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    rows = np.concatenate(
+        [
+            t.rows(np.arange(c, c + q), 4)
+            for t, c, q in zip(tables, num_cached, num_query, strict=True)
+        ]
+    )
+    for (k1, _), (k2, _) in zip(eager_cache.layers, padded_cache.layers, strict=True):
+        torch.testing.assert_close(k2[rows], k1[rows])
+
+
+def test_padding_writes_only_the_scratch_block(tiny):
+    cache = PagedKVCache(tiny.config, 16, 4, torch.float32)
+    runner = PaddedStepRunner(
+        lambda ids, positions, batch: tiny.model(ids, positions, batch, cache.layers)[0],
+        cache,
+        32,
+        32,
+        32,
+        capture=False,
+    )
+    assert runner.scratch_block not in cache._free
+    table = BlockTable()
+    assert cache.reserve(table, 6)
+    owned = set(table.blocks) | {runner.scratch_block}
+    before = [k.clone() for k, _ in cache.layers]
+    with torch.inference_mode():
+        runner.run([table], np.array([3]), np.array([3]), np.array([1, 2, 3]))
+    for old, (new, _) in zip(before, cache.layers, strict=True):
+        changed = (old != new).any(dim=(1, 2)).nonzero().flatten() // 4
+        assert set(changed.tolist()) <= owned
+        assert set(changed.tolist()) >= {runner.scratch_block}  # 3 tokens pad to 4
+
+
+def test_a_step_beyond_the_largest_shape_runs_eagerly(tiny):
+    _, engine = run(
+        tiny, [list(range(40))], cuda_graphs="on", max_num_batched_tokens=64, max_model_len=64
+    )
+    assert engine.graphs is not None
+    assert engine.graphs.shape_for(np.array([0]), np.array([65])) is None
+    assert engine.graphs.shape_for(np.array([60]), np.array([5])) is None  # 65 keys > 64
+
+
+@pytest.mark.parametrize("spec", ["none", "fixed", "adaptive"])
+def test_greedy_output_with_padded_steps_equals_unpadded(tmp_path, spec):
+    from tests.models.test_drafter import random_drafter
+
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    prompts = [*repetitive_prompts(10), list(range(3, 90))]  # a prompt longer than a piece
+    plain, _ = run(target, prompts, cuda_graphs="off")
+    extra = {}
+    if spec != "none":
+        extra = {"spec": spec, "num_drafts": 4, "drafter_model": random_drafter(target, 5)}
+        extra["drafter_graphs"] = (64, 256)
+        if spec == "adaptive":
+            extra["cost_model"] = RandomCost(0)
+    padded, engine = run(target, prompts, cuda_graphs="on", max_num_batched_tokens=128, **extra)
+    assert [o.token_ids for o in padded] == [o.token_ids for o in plain]
+    assert engine.graphs.num_runs >= engine.stats.num_steps - 2  # a 64+-token prompt chunk
+    if spec != "none":  # every block pass but those with no request ready to draft
+        assert len(engine.stats.drafter_ms) - 2 <= engine.drafter.graphs.num_runs > 0
+    assert all(len(o.token_ids) == GREEDY.max_tokens for o in padded)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("spec", ["none", "adaptive"])
+def test_cuda_graph_replays_give_the_eager_greedy_output(tmp_path, spec):
+    from tests.models.test_drafter import random_drafter
+
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    drafter = random_drafter(target, block_size=5)
+    target.model.cuda()
+    drafter.cuda()
+    prompts = [*repetitive_prompts(10), list(range(3, 90))]
+    extra = {}
+    if spec != "none":
+        extra = {"spec": spec, "num_drafts": 4, "drafter_model": drafter}
+        extra |= {"cost_model": RandomCost(0), "drafter_graphs": (64, 256)}
+    eager, _ = run(target, prompts, cuda_graphs="off", **{**extra, "drafter_graphs": None})
+    graphed, engine = run(target, prompts, cuda_graphs="auto", max_num_batched_tokens=128, **extra)
+    assert engine.graphs.capture and engine.graphs.num_captures > 0
+    assert engine.graphs.num_runs >= engine.stats.num_steps - 2
+    assert [o.token_ids for o in graphed] == [o.token_ids for o in eager]
