@@ -95,3 +95,24 @@ def test_tables_are_non_decreasing_and_match_profiled_points(draft, verify, limi
     for (size, _), cost in zip(verify, running_max, strict=True):
         if size <= 512:
             assert tables.verify_ms[size] == pytest.approx(max(cost, VERIFY_FLOOR_MS))
+
+
+def test_observed_draft_cost_follows_measurements_and_never_undercuts_the_profile():
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    tables = build_cost_tables([(1, 1.0), (8, 2.0)], [(1, 5.0), (64, 5.0)], 8, 64)
+    cost = ObservedDraftCost(tables, decay=0.5)
+    base = tables.step_costs_ms(4, 4, 10)
+    np.testing.assert_allclose(cost.step_costs_ms(4, 4, 10), base)  # nothing measured yet
+    cost.record(4, 10.0)
+    profiled = tables.draft_cost_ms(4)
+    assert cost.draft_cost_ms(4) == 10.0
+    np.testing.assert_allclose(cost.step_costs_ms(4, 4, 10), base + 10.0 - profiled)
+    cost.record(4, 2.0)  # exponential average: 0.5 * 10 + 0.5 * 2
+    assert cost.draft_cost_ms(4) == 6.0
+    # An unmeasured count scales its profiled cost by the nearest measured ratio.
+    assert cost.draft_cost_ms(8) == pytest.approx(tables.draft_cost_ms(8) * 6.0 / profiled)
+    cost.record(2, 0.0)  # faster than profiled: the profile stands
+    assert cost.draft_cost_ms(2) == tables.draft_cost_ms(2)
+    with pytest.raises(ValueError, match="drafting_ms"):
+        cost.record(4, float("nan"))

@@ -135,3 +135,48 @@ def build_cost_tables(
     draft.flags.writeable = False
     verify.flags.writeable = False
     return CostTables(draft_ms=draft, verify_ms=verify)
+
+
+class ObservedDraftCost:
+    """A cost model whose drafter share follows what drafting really costs the engine.
+
+    Start-up profiling times the drafter's block pass alone; a real step also pays for
+    what surrounds it (updating the drafter's context with the kept positions, sampling
+    the drafts, host work per request), which on a GPU can exceed the pass itself. Each
+    drafted step reports its measured drafting time with ``record``; the drafter's cost
+    at ``n`` requests is then the larger of the profiled one and an exponential average
+    of the measurements at ``n`` (or, for a count never measured, the profiled cost
+    scaled by the ratio measured at the nearest count). Verify costs are the base
+    model's. Timings depend on no draft token, so decisions stay lossless.
+    """
+
+    def __init__(self, base: CostTables, decay: float = 0.8) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        self.base = base
+        self.decay = decay
+        self._observed: dict[int, float] = {}
+
+    def record(self, num_reqs: int, drafting_ms: float) -> None:
+        if not np.isfinite(drafting_ms) or drafting_ms < 0:
+            raise ValueError(f"drafting_ms must be a finite non-negative time, got {drafting_ms}")
+        old = self._observed.get(num_reqs)
+        self._observed[num_reqs] = (
+            drafting_ms if old is None else self.decay * old + (1 - self.decay) * drafting_ms
+        )
+
+    def draft_cost_ms(self, num_reqs: int) -> float:
+        profiled = self.base.draft_cost_ms(num_reqs)
+        observed = self._observed.get(num_reqs)
+        if observed is None and self._observed:
+            nearest = min(self._observed, key=lambda n: abs(n - num_reqs))
+            scale = self._observed[nearest] / max(self.base.draft_cost_ms(nearest), 1e-9)
+            observed = profiled * scale
+        return profiled if observed is None else max(profiled, observed)
+
+    def step_costs_ms(
+        self, num_reqs: int, num_tokens: int, max_drafts: int, context_tokens: int = 0
+    ) -> np.ndarray:
+        costs = self.base.step_costs_ms(num_reqs, num_tokens, max_drafts, context_tokens)
+        extra = self.draft_cost_ms(num_reqs) - self.base.draft_cost_ms(num_reqs)
+        return costs + extra if extra else costs
