@@ -8,6 +8,9 @@ forward/drafter timers, host syncs per step (``torch.cuda.set_sync_debug_mode``)
 top operators by self CPU time from ``torch.profiler``.
 """
 
+import cProfile
+import os
+import pstats
 import sys
 import time
 import warnings
@@ -69,6 +72,23 @@ def main() -> None:
                 f"schedule {np.median(stats.schedule_ms) if stats.schedule_ms else 0:.2f} ms, "
                 f"syncs/step {syncs:.1f}"
             )
+
+            def med(values):
+                return np.median(values) if values else 0.0
+
+            print(
+                f"    host phases: draft {med(stats.draft_phase_ms):.1f} ms (apply incl. "
+                f"observe) {med(stats.apply_ms):.1f} ms, observe {med(stats.observe_ms):.1f} ms"
+            )
+            if os.environ.get("PYPROF"):  # where the host time goes, by Python function
+                profiler = cProfile.Profile()
+                profiler.enable()
+                for _ in range(6):
+                    engine.step()
+                torch.cuda.synchronize()
+                profiler.disable()
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+                continue
             if setting.spec != "adaptive":
                 with torch.profiler.profile(
                     activities=[

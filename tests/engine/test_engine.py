@@ -31,6 +31,8 @@ class CheapCost(RandomCost):
 
 def run(loaded, prompts, params=GREEDY, **config):
     cost = config.pop("cost_model", None)
+    if cost is not None:  # an injected cost model is what the test exercises: no gate
+        config.setdefault("throughput_gate", False)
     drafter = config.pop("drafter_model", None)
     drafter_graphs = config.pop("drafter_graphs", None)  # padded block passes
     if drafter is not None:  # a DSpark drafter model built for this (random) target
@@ -140,7 +142,13 @@ def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(tmp_path, dr
     exact1, exact2 = exact_first_two(target, prompt, live)
     engine = LLMEngine(
         target,
-        EngineConfig(spec="adaptive", num_drafts=3, max_num_seqs=64, kv_cache_tokens=8192),
+        EngineConfig(
+            spec="adaptive",
+            num_drafts=3,
+            max_num_seqs=64,
+            kv_cache_tokens=8192,
+            throughput_gate=False,
+        ),
         drafter=DSparkDrafter(drafter, 8192, 16),
         cost_model=CheapCost(3),
     )
@@ -173,7 +181,13 @@ def test_64_concurrent_mixed_requests_complete_with_their_single_request_outputs
     ]
     engine = LLMEngine(
         tiny,
-        EngineConfig(max_num_seqs=64, max_num_batched_tokens=256, spec="adaptive", num_drafts=3),
+        EngineConfig(
+            max_num_seqs=64,
+            max_num_batched_tokens=256,
+            spec="adaptive",
+            num_drafts=3,
+            throughput_gate=False,
+        ),
         cost_model=CheapCost(3),
     )
     requests = [engine.add_request(p, q) for p, q in zip(prompts, params, strict=True)]
@@ -304,3 +318,16 @@ def test_long_prompts_prefill_in_chunks_alongside_decodes(tiny):
     # The 300-token prompt shares 64-token steps with the decoding short request.
     assert max(chunk_sizes) <= 63 and len(chunk_sizes) > 5
     assert [r.output_ids for r in requests] == [expected[1], expected[0]]
+
+
+def test_throughput_gate_measures_both_arms_and_stays_lossless(tiny):
+    prompts = repetitive_prompts(12)
+    plain, _ = run(tiny, prompts)
+    out, engine = run(
+        tiny, prompts, spec="adaptive", num_drafts=3, cost_model=CheapCost(1), throughput_gate=True
+    )
+    assert [o.token_ids for o in out] == [o.token_ids for o in plain]
+    drafted, undrafted = engine.gate.rates(12)
+    assert drafted is not None and undrafted is not None  # both arms were timed
+    assert engine.stats.undrafted_steps >= engine.gate.min_steps
+    assert len(engine.stats.drafter_ms) >= engine.gate.min_steps

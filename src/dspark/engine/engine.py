@@ -27,6 +27,7 @@ from dspark.models.loader import LoadedModel
 from dspark.ops import allocate_drafts_torch
 from dspark.scheduling import AdaptiveVerifier, StepCostModel
 from dspark.scheduling.cost import ObservedDraftCost
+from dspark.scheduling.gate import ThroughputGate
 
 
 class SpecMode(str, enum.Enum):
@@ -60,6 +61,9 @@ class EngineConfig:
     # Padded steps replayed as CUDA graphs (``dspark.engine.graphs``): "auto" (on for
     # CUDA), "on" (on CPU: the same padded layout, run eagerly) or "off" (eager, unpadded).
     cuda_graphs: str = "auto"
+    # Adaptive: also decide whether to draft at all from measured tokens per ms of
+    # drafted and undrafted steps (``dspark.scheduling.gate``), on top of the cost model.
+    throughput_gate: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", SpecMode(self.spec))
@@ -98,6 +102,11 @@ class EngineStats:
     budgets: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     schedule_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     undrafted_steps: int = 0  # adaptive: steps where drafting would not have paid
+    # Host phases of a step (ms, no device sync): drafting as a whole (gate, proposal,
+    # budget, allocation), verification and emission, the drafter's context update.
+    draft_phase_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    apply_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    observe_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
 
     @property
     def acceptance_length(self) -> float:
@@ -188,6 +197,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self.drafter: Drafter | None = None
         self.verifier: AdaptiveVerifier | None = None
+        self.gate: ThroughputGate | None = None
+        self._gate_step: tuple[int, bool] | None = None  # this step's (requests, drafted)
         self.round_log: list[tuple[np.ndarray | None, int, int]] | None = None
         if config.spec is not SpecMode.NONE:
             self.drafter = drafter or self._build_drafter(config.drafter)
@@ -213,6 +224,7 @@ class LLMEngine:
 
                 profiled = profile_engine(self, path=self.config.profile_path).tables
                 cost_model = ObservedDraftCost(profiled)
+            self.gate = ThroughputGate() if config.throughput_gate else None
             self.verifier = AdaptiveVerifier(
                 config.max_num_seqs,
                 config.num_drafts,
@@ -305,7 +317,11 @@ class LLMEngine:
         chunks = self.scheduler.schedule(room)
         if not chunks:
             return []
+        phase = step_start = time.perf_counter()
+        generated = self.stats.num_generated
+        self._gate_step = None
         drafts, draft_probs = self._draft(chunks)
+        self.stats.draft_phase_ms.append((time.perf_counter() - phase) * 1e3)
         tokens, num_cached, num_query = [], [], []
         for chunk, extra in zip(chunks, drafts, strict=True):
             request = chunk.request
@@ -332,7 +348,15 @@ class LLMEngine:
         self.stats.forward_ms.append(self._clock() - start_time)
         features = torch.cat(captured, dim=-1) if captured else None
         row_starts = ends - num_query_np
-        return self._apply(chunks, drafts, draft_probs, logits, owners, row_starts, features)
+        phase = time.perf_counter()
+        touched = self._apply(chunks, drafts, draft_probs, logits, owners, row_starts, features)
+        end = time.perf_counter()
+        self.stats.apply_ms.append((end - phase) * 1e3)
+        if self.gate is not None and self._gate_step is not None:
+            num_reqs, drafted = self._gate_step
+            tokens = self.stats.num_generated - generated
+            self.gate.record(num_reqs, drafted, tokens, (end - step_start) * 1e3)
+        return touched
 
     def forward(
         self,
@@ -438,6 +462,10 @@ class LLMEngine:
         depth = self.verifier.drafting_pays(
             batch.slots, num_drafts, batch.non_draft, batch.num_sampling, batch.context
         )
+        num_reqs = batch.slots.shape[0]
+        if depth and self.gate is not None and not self.gate.should_draft(num_reqs):
+            depth = 0  # measured: undrafted steps emit more tokens per ms at this size
+        self._gate_step = (num_reqs, depth > 0)
         if depth == 0:
             self.verifier.relax(batch.slots[batch.decode_index])
         self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3 + batch.host_ms)
@@ -540,7 +568,9 @@ class LLMEngine:
         if admitted:
             self.acceptance.update(np.array(admitted), np.array(accepted))
         if features is not None:
+            phase = time.perf_counter()
             self._observe(kept, features)
+            self.stats.observe_ms.append((time.perf_counter() - phase) * 1e3)
         return touched
 
     def _observe(self, kept: list[tuple[Request, int, int, int]], features: torch.Tensor) -> None:
