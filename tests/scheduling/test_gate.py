@@ -31,9 +31,9 @@ def test_measures_both_arms_then_keeps_the_faster_exploring_the_other_periodical
 def test_follows_a_change_in_which_arm_is_faster():
     gate = ThroughputGate(explore_every=8)
     assert drive(gate, 64, drafted_rate=2.0, undrafted_rate=5.0, steps=400) < 0.2
-    # The load drops: drafting becomes the faster arm; exploration notices (about six
-    # exploring steps move the drafted average from 2 past 5), then it drafts except
-    # for one exploring step in eight.
+    # The load drops: drafting becomes the faster arm; exploration notices (five
+    # exploring steps move the drafted median of eight from 2 past 5), then it drafts
+    # except for one exploring step in eight.
     assert drive(gate, 64, drafted_rate=9.0, undrafted_rate=5.0, steps=100) > 0.3
     assert drive(gate, 64, drafted_rate=9.0, undrafted_rate=5.0, steps=200) == 1 - 25 / 200
 
@@ -48,17 +48,17 @@ def test_batch_sizes_in_different_power_of_two_buckets_learn_separately():
     assert gate.rates(1000) == (None, None)
 
 
-def test_exponential_average_of_rates():
-    gate = ThroughputGate(decay=0.5)
-    gate.record(4, True, 10, 1.0)
-    gate.record(4, True, 30, 1.0)
-    assert gate.rates(4)[0] == 20.0
+def test_rates_are_medians_of_the_last_window_steps():
+    gate = ThroughputGate(window=3, min_steps=1)
+    for tokens in (10, 30, 1000, 20):  # 10 falls out of the window; 1000 is an outlier
+        gate.record(4, True, tokens, 1.0)
+    assert gate.rates(4) == (30.0, None)
 
 
 def test_bad_arguments_are_errors():
     with pytest.raises(ValueError, match="explore_every"):
         ThroughputGate(explore_every=1)
-    with pytest.raises(ValueError, match="decay"):
-        ThroughputGate(decay=1.0)
+    with pytest.raises(ValueError, match="min_steps"):
+        ThroughputGate(window=2, min_steps=3)
     with pytest.raises(ValueError, match="wall time"):
         ThroughputGate().record(4, True, 3, 0.0)

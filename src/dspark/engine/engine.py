@@ -318,7 +318,7 @@ class LLMEngine:
         if not chunks:
             return []
         phase = step_start = time.perf_counter()
-        generated = self.stats.num_generated
+        generated, captures = self.stats.num_generated, self._num_captures()
         self._gate_step = None
         drafts, draft_probs = self._draft(chunks)
         self.stats.draft_phase_ms.append((time.perf_counter() - phase) * 1e3)
@@ -352,7 +352,8 @@ class LLMEngine:
         touched = self._apply(chunks, drafts, draft_probs, logits, owners, row_starts, features)
         end = time.perf_counter()
         self.stats.apply_ms.append((end - phase) * 1e3)
-        if self.gate is not None and self._gate_step is not None:
+        # A step that captured a graph is not a typical step of its kind: not timed.
+        if self.gate is not None and self._gate_step and self._num_captures() == captures:
             num_reqs, drafted = self._gate_step
             tokens = self.stats.num_generated - generated
             self.gate.record(num_reqs, drafted, tokens, (end - step_start) * 1e3)
@@ -394,6 +395,11 @@ class LLMEngine:
             capture_layers=getattr(self.drafter, "capture_layers", ()),
         )
         return [hidden, *captured]
+
+    def _num_captures(self) -> int:
+        runners = (self.graphs, getattr(self.drafter, "graphs", None))
+        runners += (getattr(getattr(self.drafter, "inner", None), "graphs", None),)
+        return sum(r.num_captures for r in runners if r is not None)
 
     def _draft(self, chunks: list[ScheduledChunk]) -> tuple[list[list[int]], list]:
         drafts: list[list[int]] = [[] for _ in chunks]

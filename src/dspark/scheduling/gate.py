@@ -10,15 +10,19 @@ per request).
 
 ``ThroughputGate`` settles the one question the cost model most often gets wrong — draft
 at all this step, or not — by measurement: for each batch size (in power-of-two buckets)
-it keeps an exponential average of tokens emitted per millisecond of wall time over
-drafted steps and over undrafted ones, takes the faster arm, and every ``explore_every``
-decisions takes the other arm once so that its figure stays current. The decision reads
+it keeps the median tokens emitted per millisecond of wall time over the last
+``window`` drafted steps and over the last ``window`` undrafted ones (a median, because
+single steps vary: a prompt chunk in the batch, a one-off graph capture), takes the
+faster arm, and every ``explore_every`` decisions takes the other arm once so that its
+figure stays current. The decision reads
 past steps' timings and token counts only, never the drafts of the step it decides, so
 sampling stays lossless (see ``AdaptiveVerifier``).
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 DRAFTED, UNDRAFTED = 0, 1
@@ -26,23 +30,27 @@ DRAFTED, UNDRAFTED = 0, 1
 
 @dataclass
 class _Bucket:
-    rates: list[float | None] = field(default_factory=lambda: [None, None])  # tokens / ms
-    counts: list[int] = field(default_factory=lambda: [0, 0])  # steps measured per arm
+    window: int
+    samples: tuple[deque, deque] = field(init=False)  # tokens / ms, per arm
     decisions: int = 0
+
+    def __post_init__(self) -> None:
+        self.samples = (deque(maxlen=self.window), deque(maxlen=self.window))
+
+    def rate(self, arm: int) -> float | None:
+        return statistics.median(self.samples[arm]) if self.samples[arm] else None
 
 
 class ThroughputGate:
     """Draft or not, per batch-size bucket, by the measured tokens per millisecond."""
 
-    def __init__(self, explore_every: int = 32, decay: float = 0.9, min_steps: int = 3) -> None:
+    def __init__(self, explore_every: int = 16, window: int = 8, min_steps: int = 3) -> None:
         if explore_every < 2:
             raise ValueError(f"explore_every must be at least 2, got {explore_every}")
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"decay must be in [0, 1), got {decay}")
-        if min_steps < 1:
-            raise ValueError(f"min_steps must be at least 1, got {min_steps}")
+        if not 1 <= min_steps <= window:
+            raise ValueError(f"need 1 <= min_steps <= window, got {min_steps} and {window}")
         self.explore_every = explore_every
-        self.decay = decay
+        self.window = window
         self.min_steps = min_steps
         self._buckets: dict[int, _Bucket] = {}
 
@@ -52,16 +60,19 @@ class ThroughputGate:
         return max(int(num_reqs), 1).bit_length()
 
     def _get(self, num_reqs: int) -> _Bucket:
-        return self._buckets.setdefault(self.bucket(num_reqs), _Bucket())
+        key = self.bucket(num_reqs)
+        if key not in self._buckets:
+            self._buckets[key] = _Bucket(self.window)
+        return self._buckets[key]
 
     def should_draft(self, num_reqs: int) -> bool:
         """Draft this step? (Called once per step that the cost model would draft.)"""
         state = self._get(num_reqs)
         state.decisions += 1
         for arm in (DRAFTED, UNDRAFTED):  # measure both arms first, drafting first
-            if state.counts[arm] < self.min_steps:
+            if len(state.samples[arm]) < self.min_steps:
                 return arm == DRAFTED
-        best = DRAFTED if state.rates[DRAFTED] >= state.rates[UNDRAFTED] else UNDRAFTED
+        best = DRAFTED if state.rate(DRAFTED) >= state.rate(UNDRAFTED) else UNDRAFTED
         if state.decisions % self.explore_every == 0:
             best = 1 - best  # keep the other arm's figure current
         return best == DRAFTED
@@ -72,14 +83,9 @@ class ThroughputGate:
             raise ValueError(
                 f"need a positive wall time and a token count >= 0, got {wall_ms} ms, {tokens}"
             )
-        state = self._get(num_reqs)
-        arm = DRAFTED if drafted else UNDRAFTED
-        rate = tokens / wall_ms
-        old = state.rates[arm]
-        state.rates[arm] = rate if old is None else self.decay * old + (1 - self.decay) * rate
-        state.counts[arm] += 1
+        self._get(num_reqs).samples[DRAFTED if drafted else UNDRAFTED].append(tokens / wall_ms)
 
     def rates(self, num_reqs: int) -> tuple[float | None, float | None]:
         """(drafted, undrafted) tokens per ms measured for this batch size's bucket."""
         state = self._buckets.get(self.bucket(num_reqs))
-        return (None, None) if state is None else tuple(state.rates)
+        return (None, None) if state is None else (state.rate(DRAFTED), state.rate(UNDRAFTED))
