@@ -10,18 +10,18 @@ per request).
 
 ``ThroughputGate`` settles the one question the cost model most often gets wrong — draft
 at all this step, or not — by measurement: for each batch size (in power-of-two buckets)
-it keeps the median tokens emitted per millisecond of wall time over the last
-``window`` drafted steps and over the last ``window`` undrafted ones (a median, because
-single steps vary: a prompt chunk in the batch, a one-off graph capture), takes the
-faster arm, and every ``explore_every`` decisions takes the other arm once so that its
-figure stays current. The decision reads
+it keeps the throughput of the last ``window`` drafted steps and of the last ``window``
+undrafted ones (tokens emitted over wall time, both summed over the window: a ratio of
+sums, not a median of per-step ratios, which would be biased because a drafted step
+emits a skewed, discrete number of tokens: mostly 1, sometimes many), takes the faster
+arm, and every ``explore_every`` decisions takes the other arm once so that its figure
+stays current. The decision reads
 past steps' timings and token counts only, never the drafts of the step it decides, so
 sampling stays lossless (see ``AdaptiveVerifier``).
 """
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -31,20 +31,23 @@ DRAFTED, UNDRAFTED = 0, 1
 @dataclass
 class _Bucket:
     window: int
-    samples: tuple[deque, deque] = field(init=False)  # tokens / ms, per arm
+    samples: tuple[deque, deque] = field(init=False)  # (tokens, wall ms) per arm
     decisions: int = 0
 
     def __post_init__(self) -> None:
         self.samples = (deque(maxlen=self.window), deque(maxlen=self.window))
 
     def rate(self, arm: int) -> float | None:
-        return statistics.median(self.samples[arm]) if self.samples[arm] else None
+        steps = self.samples[arm]
+        if not steps:
+            return None
+        return sum(tokens for tokens, _ in steps) / sum(wall for _, wall in steps)
 
 
 class ThroughputGate:
     """Draft or not, per batch-size bucket, by the measured tokens per millisecond."""
 
-    def __init__(self, explore_every: int = 16, window: int = 8, min_steps: int = 3) -> None:
+    def __init__(self, explore_every: int = 16, window: int = 16, min_steps: int = 3) -> None:
         if explore_every < 2:
             raise ValueError(f"explore_every must be at least 2, got {explore_every}")
         if not 1 <= min_steps <= window:
@@ -83,7 +86,7 @@ class ThroughputGate:
             raise ValueError(
                 f"need a positive wall time and a token count >= 0, got {wall_ms} ms, {tokens}"
             )
-        self._get(num_reqs).samples[DRAFTED if drafted else UNDRAFTED].append(tokens / wall_ms)
+        self._get(num_reqs).samples[DRAFTED if drafted else UNDRAFTED].append((tokens, wall_ms))
 
     def rates(self, num_reqs: int) -> tuple[float | None, float | None]:
         """(drafted, undrafted) tokens per ms measured for this batch size's bucket."""
