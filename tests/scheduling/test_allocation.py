@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from dspark.scheduling import allocate_drafts
+from dspark.scheduling import survival as survival_module
 from dspark.scheduling.survival import kth_largest
 from tests.oracles import best_total_survival, survival_rows
 
@@ -117,3 +118,51 @@ def test_large_batches_allocate_like_the_tie_rule(num_reqs, seed):
     )
     expected = np.bincount([r for _, r in order[:budget]], minlength=num_reqs)
     assert allocate_drafts(conf, drafts, budget).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("num_bins", [1, 4, 64])
+@settings(max_examples=150, deadline=None)
+@given(case=allocations(max_reqs=8, max_k=6))
+def test_binned_threshold_allocates_like_the_tie_rule_on_small_batches(num_bins, case):
+    # The binned k-th largest forced on small batches: wide bins, exact ties at the
+    # threshold, zero survival and unscheduled slots.
+    conf, drafts, budget = case
+    survival = survival_rows(conf)
+    slots = [(k, r) for k in range(conf.shape[1]) for r in range(len(drafts)) if k < drafts[r]]
+    ranked = sorted(slots, key=lambda kr: -survival[kr[1], kr[0]])
+    expected = np.bincount([r for _, r in ranked[:budget]], minlength=len(drafts))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(survival_module, "SORT_MAX_SLOTS", 0)
+        patch.setattr(survival_module, "num_bins_for", lambda num_slots: num_bins)
+        admitted = allocate_drafts(conf, drafts, budget)
+    assert admitted.tolist() == expected.tolist()
+
+
+def test_ties_at_the_threshold_go_to_earlier_positions_then_lower_requests():
+    # Survival 0.5 everywhere at positions 0 and 1 (confidences 0.5 then 1.0): six tied
+    # slots, four admitted; in (position, request) order those are all of position 0 and
+    # request 0's position 1.
+    conf = np.array([[0.5, 1.0, 0.1], [0.5, 1.0, 0.1], [0.5, 1.0, 0.1]])
+    assert allocate_drafts(conf, [3, 3, 3], 4).tolist() == [2, 1, 1]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(survival_module, "SORT_MAX_SLOTS", 0)
+        assert allocate_drafts(conf, [3, 3, 3], 4).tolist() == [2, 1, 1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(1, 3000), st.integers(0, 2**32 - 1), st.sampled_from(["grid", "zeros", "signed"])
+)
+def test_binned_kth_largest_with_zeros_ties_and_signed_zero(size, seed, kind):
+    rng = np.random.default_rng(seed)
+    scores = rng.random(size)
+    if kind == "grid":
+        scores = np.round(scores * 8) / 8  # ties, including exact 0.0 and 1.0
+    elif kind == "zeros":
+        scores[rng.random(size) < 0.5] = 0.0
+    else:
+        scores[rng.random(size) < 0.3] = -0.0  # a product with a -0.0 confidence
+    k = int(rng.integers(1, size + 1))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(survival_module, "SORT_MAX_SLOTS", 0)
+        assert kth_largest(scores, k) == np.sort(scores)[::-1][k - 1]

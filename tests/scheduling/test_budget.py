@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from dspark.bench.seed_port import SeedRequestTable, seed_budget
+from dspark.scheduling import budget as budget_module
 from dspark.scheduling import build_cost_tables, choose_draft_budget
 from dspark.scheduling.budget import _best_budget_binned, _best_budget_sorted
 from dspark.scheduling.survival import survival_by_position
@@ -203,3 +204,51 @@ def test_same_decisions_as_the_seed_on_seed_tables(num_reqs, seed):
     )
     ours = choose_draft_budget(conf, drafts, non_draft, sampling, tables, logits)
     assert ours == seed_choice
+
+
+@pytest.mark.parametrize("num_bins", [1, 2, 4, 64])
+@settings(max_examples=150, deadline=None)
+@given(batch=batches(max_reqs=12, max_k=6))
+def test_binned_search_on_small_batches_against_brute_force(num_bins, batch):
+    # Few bins on small batches: wide bins, bins cut by cap, empty bins, zeros and ties.
+    conf, drafts, non_draft, sampling, fixed, per_token, step, logits = batch
+    cap = min(int(drafts.sum()), max(0, logits - len(drafts)))
+    if cap == 0:
+        return
+    costs = PaddedCost(fixed, per_token, step).step_costs_ms(len(drafts), int(non_draft.sum()), cap)
+    scores = survival_by_position(conf, drafts).ravel()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(budget_module, "num_bins_for", lambda num_slots: num_bins)
+        chosen = _best_budget_binned(scores, cap, sampling, costs)
+    ratios = budget_ratios(conf, drafts, sampling, costs, cap)
+    best = ratios.max()
+    assert 0 <= chosen <= cap
+    assert ratios[chosen] >= best * (1 - 1e-12)
+    assert not (ratios[:chosen] >= best * (1 + 1e-12)).any()
+    assert not (ratios[:chosen] > ratios[chosen] * (1 + 1e-12)).any()
+
+
+def test_binned_search_handles_exact_ties_zeros_and_a_cap_inside_a_bin():
+    # 40 slots at exactly 0.5, 40 at 0.25 and 20 zeros; flat costs: every draft pays, so
+    # the budget is cap, which lies inside the 0.25 bin.
+    scores = np.concatenate([np.full(40, 0.5), np.full(40, 0.25), np.zeros(20)])
+    assert _best_budget_binned(scores, 57, 3, np.full(58, 2.0)) == 57
+    # Drafts cost more than a 0.25 slot brings (ratio (3 + 0.5 b) / (1 + 0.1 b) stops
+    # paying below 0.25 at these rates): all 40 slots at 0.5 and none of the rest.
+    costs = 1.0 + 0.1 * np.arange(101.0)
+    assert _best_budget_binned(scores, 100, 3, costs) == _best_budget_sorted(scores, 100, 3, costs)
+    # Only zeros beyond the positive slots: more of them never pays (smallest b on ties).
+    assert _best_budget_binned(scores, 100, 3, np.full(101, 2.0)) == 80
+    # Nothing but zeros: no draft pays.
+    assert _best_budget_binned(np.zeros(50), 50, 0, np.full(51, 1.0)) == 0
+
+
+def test_binned_search_finds_an_optimum_just_before_a_cost_step():
+    # A step costs 1 up to 100 drafts and 100 + b beyond: the optimum is the last budget
+    # before the step, inside a bin, while the bin that straddles the step has the best
+    # bound (its gain past the step over its cost before it).
+    rng = np.random.default_rng(7)
+    scores = rng.uniform(0.3, 0.9, 2000)
+    costs = np.where(np.arange(2001) <= 100, 1.0, 100.0 + np.arange(2001))
+    assert _best_budget_binned(scores, 2000, 10, costs) == 100
+    assert _best_budget_sorted(scores, 2000, 10, costs) == 100

@@ -4,7 +4,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from dspark.scheduling._checks import as_confidences, as_draft_counts
+from dspark.scheduling._checks import (
+    as_confidences,
+    as_draft_counts,
+    as_non_negative_int,
+    count_total,
+)
 
 special = st.sampled_from([0.0, -0.0, 1.0, 1.0 + 1e-7, 1.0 + 1e-16, -1e-30, np.nan, np.inf])
 
@@ -35,3 +40,21 @@ def test_draft_counts_summarise_the_batch():
         as_draft_counts("d", np.array([8]), 1, 7)
     with pytest.raises(ValueError, match="d must hold integers"):
         as_draft_counts("d", np.array([1.5]), 1, 7)
+
+
+def test_count_total_sums_checked_counts():
+    assert count_total("t", np.array([1, 8, 0]), 3) == 9
+    assert count_total("t", [2.0, 3.0], 2) == 5
+    assert count_total("t", np.array([], dtype=np.int64), 0) == 0
+    with pytest.raises(ValueError, match="t must be non-negative"):
+        count_total("t", np.array([1, -1]), 2)
+    with pytest.raises(ValueError, match="t must have length 3"):
+        count_total("t", np.array([1, 1]), 3)
+
+
+def test_non_negative_int_accepts_python_and_numpy_integers_only():
+    assert as_non_negative_int("n", 3) == 3
+    assert as_non_negative_int("n", np.int64(3)) == 3
+    for bad, message in [(True, "an integer"), (2.0, "an integer"), (-1, "non-negative")]:
+        with pytest.raises(ValueError, match=f"n must be {message}"):
+            as_non_negative_int("n", bad)

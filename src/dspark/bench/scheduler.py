@@ -2,11 +2,13 @@
 
 Times, per call and at several batch sizes (K = 7), the budget (``choose_draft_budget``),
 a plain port of the seed's host-side budget on the same inputs, the allocation
-(``allocate_drafts``), the ``AdaptiveVerifier`` engine path (record + plan + allocate),
-and the torch allocation (CPU, or CUDA with events). Inputs are realistic: per-position
-acceptance from the published DSpark figures with per-request spread, and seed-style
-cost tables built from the measured H200 surface at 8k context. Prints a table and
-writes JSON and a PNG.
+(``allocate_drafts``), the ``AdaptiveVerifier`` plan alone (``verifier_plan``: a full
+search every call, as after each ``record``; the memo that lets the budget reuse the
+gate's search is cleared first) and its engine path (``verifier_step``: record + plan +
+allocate), and the torch allocation (CPU, or CUDA with events). Inputs are realistic:
+per-position acceptance from the published DSpark figures with per-request spread, and
+seed-style cost tables built from the measured H200 surface at 8k context. Prints a
+table and writes JSON and a PNG.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dspark.scheduling import (
     build_cost_tables,
     choose_draft_budget,
 )
-from dspark.scheduling._checks import as_confidences, as_counts, as_draft_counts
+from dspark.scheduling._checks import as_confidences, as_draft_counts, count_total
 from dspark.scheduling.budget import best_budget
 from dspark.scheduling.survival import survival_by_position
 
@@ -172,6 +174,9 @@ def bench_size(config: BenchConfig, num_reqs: int, tables: CostTables) -> SizeRe
         return verifier.allocate(slots, b.num_drafts, budget)
 
     def plan_only(b: Batch) -> int:
+        # Every call here has the same inputs (the verifier's stale table does not
+        # change), so the plan memo would answer all but the first: forget it.
+        verifier._last_plan = None
         return verifier.plan(slots, b.num_drafts, b.num_non_draft, num_reqs)
 
     # The allocation places the budget the plan chose (when it admits every draft, the
@@ -210,7 +215,7 @@ def _budget_parts(
     def checks(b: Batch) -> object:
         as_confidences("c", b.stale)
         as_draft_counts("d", b.num_drafts, num_reqs, NUM_POSITIONS)
-        return int(as_counts("t", b.num_non_draft, num_reqs).sum())
+        return count_total("t", b.num_non_draft, num_reqs)
 
     return {
         "part_checks": checks,

@@ -25,9 +25,14 @@ def as_counts(name: str, values: object, length: int | None = None) -> np.ndarra
         raise ValueError(
             f"{name} must have length {length} (one per request), got {array.shape[0]}"
         )
-    if array.size and array.min() < 0:
+    if array.dtype.kind == "i" and array.size and np.minimum.reduce(array) < 0:
         raise ValueError(f"{name} must be non-negative, got minimum {array.min()}")
     return array
+
+
+def count_total(name: str, values: object, length: int) -> int:
+    """The sum of ``length`` non-negative counts (checked as ``as_counts`` does)."""
+    return int(np.add.reduce(as_counts(name, values, length)))
 
 
 class DraftCounts(NamedTuple):
@@ -48,15 +53,16 @@ def as_draft_counts(name: str, values: object, length: int, num_positions: int) 
             f"{name} must have length {length} (one per request), got {array.shape[0]}"
         )
     try:
-        histogram = np.bincount(array, minlength=num_positions + 1)
+        histogram = np.bincount(array, None, num_positions + 1)
     except (ValueError, TypeError):
         raise ValueError(f"{name} must be non-negative, got minimum {array.min()}") from None
     if histogram.shape[0] > num_positions + 1:
         raise ValueError(
             f"{name} must be at most K={num_positions} (the confidences' width), got {array.max()}"
         )
-    total = int(np.add.reduce(array))
-    return DraftCounts(array, total, bool(histogram[num_positions] == length))
+    is_full = bool(histogram[num_positions] == length)
+    total = length * num_positions if is_full else int(np.add.reduce(array))
+    return DraftCounts(array, total, is_full)
 
 
 # For IEEE floats in [+0, 1], the bit pattern read as an unsigned integer is at most that
@@ -90,6 +96,8 @@ def as_confidences(name: str, values: object) -> np.ndarray:
 
 
 def as_non_negative_int(name: str, value: object) -> int:
+    if type(value) is int and value >= 0:
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if value < 0:

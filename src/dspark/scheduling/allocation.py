@@ -4,6 +4,12 @@ The budget's slots go to the slots of highest survival over the whole batch (a g
 top-``budget``). Ties go to the earlier position, then to the lower request index.
 Survival never increases along a request, and ties favour earlier positions, so each
 request's winners are always its first slots: the result is a draft count per request.
+
+How: the ``budget``-th largest survival is the threshold (``kth_largest``: binned, so
+only one bin of scores is partitioned). Every slot at or above it counts; when slots
+tie at the threshold the count exceeds the budget, and the last tied slots in
+(position, request) order are dropped again. With distinct scores (the usual case) that
+is one comparison and two sums.
 """
 
 from __future__ import annotations
@@ -20,18 +26,29 @@ def admit_top_slots(survival: np.ndarray, num_drafts: np.ndarray, budget: int) -
     Unscheduled slots must already be zero (``survival_by_position`` does that); the
     caller guarantees ``0 < budget < num_drafts.sum()``.
     """
-    flat = survival.ravel()  # position-major: slot (k, r) at k * num_reqs + r
-    threshold = kth_largest(flat, budget)
-    admitted = np.add.reduce(survival > threshold, axis=0)
-    missing = budget - int(admitted.sum())
-    if missing:
-        # Slots equal to the threshold: the first `missing` in (position, request) order.
-        ties = survival == threshold
-        if threshold == 0.0:  # a zero could be an unscheduled slot
-            ties &= np.arange(survival.shape[0])[:, None] < num_drafts
-        tied = np.flatnonzero(ties.ravel())[:missing]
-        admitted += np.bincount(tied % survival.shape[1], minlength=survival.shape[1])
+    num_reqs = survival.shape[1]
+    threshold = kth_largest(survival.ravel(), budget)
+    if threshold == 0.0:
+        return _admit_down_to_zero(survival, num_drafts, budget)
+    admitted = np.add.reduce(survival >= threshold, axis=0)  # [num_reqs]
+    excess = int(np.add.reduce(admitted)) - budget
+    if excess:
+        # Slots tied at the threshold beyond the budget: the last in (position, request)
+        # order lose, which keeps every request's winners a prefix of its slots.
+        tied = np.flatnonzero((survival == threshold).ravel())[-excess:]
+        admitted -= np.bincount(tied % num_reqs, minlength=num_reqs)
     return admitted
+
+
+def _admit_down_to_zero(survival: np.ndarray, num_drafts: np.ndarray, budget: int) -> np.ndarray:
+    """The budget reaches zero survival: every positive slot wins, then the first zero
+    slots in (position, request) order, skipping the unscheduled ones."""
+    num_reqs = survival.shape[1]
+    admitted = np.add.reduce(survival > 0.0, axis=0)
+    missing = budget - int(admitted.sum())
+    ties = (survival == 0.0) & (np.arange(survival.shape[0])[:, None] < num_drafts)
+    tied = np.flatnonzero(ties.ravel())[:missing]
+    return admitted + np.bincount(tied % num_reqs, minlength=num_reqs)
 
 
 def allocate_drafts(confidences: np.ndarray, num_drafts: np.ndarray, budget: int) -> np.ndarray:

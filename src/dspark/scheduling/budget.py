@@ -5,12 +5,17 @@ cut to ``cap``, ``gain[b] = num_sampling + sum(scores[:b])`` expected tokens ove
 ``cost[b]``, the step cost with ``b`` drafts; the budget is the smallest ``b``
 maximising ``gain[b] / cost[b]``.
 
-For large batches the scores are binned (see ``survival``): per-bin counts and sums give
-the gain exactly at every bin boundary, and since costs never decrease, ``(gain at a
-bin's end) / (cost at its start)`` bounds every budget inside the bin. Only the bins
-whose bound reaches the best boundary are sorted, usually a few dozen scores around the
-optimum; the answer is the same as the full sort's (up to rounding of the sums, which
-only matters between budgets tied to ~1e-15).
+For large batches the search never sorts everything. The scores are binned by value
+from the top down (see ``survival``); one bincount gives every bin's count, another its
+sum, and their running totals the rank at which each bin ends and the exact gain there.
+Inside a bin the gain is at most the gain at its end and the cost at least the cost
+where it starts (gains grow, costs never fall), which bounds every budget in the bin.
+The bin with the best bound lies next to the optimum, so the exact ratio at one of its
+ends is a bar that every other bin's bound must reach to hold a better budget. The
+bins that do form a range of ranks, a few dozen around the optimum at 256 x 7; their
+members are gathered by key, sorted, and every budget among them is priced exactly.
+The answer is the full sort's (up to rounding of the sums, which only matters between
+budgets tied to ~1e-15).
 """
 
 from __future__ import annotations
@@ -19,9 +24,9 @@ import numpy as np
 
 from dspark.scheduling._checks import (
     as_confidences,
-    as_counts,
     as_draft_counts,
     as_non_negative_int,
+    count_total,
 )
 from dspark.scheduling.cost import StepCostModel
 from dspark.scheduling.survival import (
@@ -66,45 +71,59 @@ def _best_budget_sorted(scores: np.ndarray, cap: int, num_sampling: int, costs: 
 
 
 def _best_budget_binned(scores: np.ndarray, cap: int, num_sampling: int, costs: np.ndarray) -> int:
-    num_bins = num_bins_for(scores.shape[0])
-    keys = bin_keys(scores, num_bins)
-    # Bins from the top score down: ends[j] is the rank where bin j ends, gains[j] the
-    # exact top-ends[j] sum plus the sampled tokens.
-    ends = np.add.accumulate(np.bincount(keys, minlength=num_bins + 1)[::-1])
+    num_slots = scores.shape[0]
+    num_bins = num_bins_for(num_slots)
+    keys = bin_keys(scores, num_bins)  # 0 for the top bin
+    # Bin j holds the ranks starts[j] + 1 .. starts[j + 1] of the descending order, and
+    # gains[j] is the exact gain at rank starts[j + 1].
+    starts = np.zeros(num_bins + 2, dtype=np.intp)
+    np.add.accumulate(np.bincount(keys, None, num_bins + 1), out=starts[1:])
     sums = np.bincount(keys, scores, num_bins + 1)
-    sums[-1] += num_sampling  # the top bin's sum starts every gain
-    gains = np.add.accumulate(sums[::-1])
-    num_ends = num_bins + 1 if cap >= scores.shape[0] else int(np.searchsorted(ends, cap, "right"))
+    sums[0] += num_sampling  # the top bin's sum starts every gain
+    gains = np.add.accumulate(sums)
+    if cap < num_slots:
+        # Only bins that start below cap hold budgets; the last of them may end past it.
+        num_used = int(starts.searchsorted(cap))
+        starts, gains = starts[: num_used + 1], gains[:num_used]
+    start_costs = costs.take(starts, mode="clip")  # [num_used + 1]
 
-    end_costs = costs.take(ends[:num_ends])
-    ratios = gains[:num_ends] / end_costs
-    best_b, best_ratio = 0, num_sampling / costs[0]
-    if num_ends:
-        first = int(ratios.argmax())
-        if ratios[first] > best_ratio:
-            best_b, best_ratio = int(ends[first]), ratios[first]
-
-    # Bound of bin j: gains[j] over the cost where it starts (the end of bin j - 1).
-    num_open = min(num_ends + 1, num_bins + 1)
-    bounds = np.empty(num_open)
-    bounds[0] = gains[0] / costs[0]
-    np.divide(gains[1:num_open], end_costs[: num_open - 1], out=bounds[1:])
-    open_bins = np.flatnonzero(bounds >= best_ratio * (1.0 - _BOUND_SLACK))
-    if open_bins.size == 0:
-        return best_b
+    # No budget inside bin j beats bounds[j], its gain where it ends over its cost where
+    # it starts (gains grow and costs never fall). The bin with the best bound lies next
+    # to the optimum; the better of the exact ratios at its two ends is the bar every
+    # other bin's bound must reach to be searched (its start wins when the optimum sits
+    # just before a step in the costs).
+    bounds = gains / start_costs[:-1]
+    best = int(bounds.argmax())
+    zero_ratio = num_sampling / costs[0]
+    bar = max(zero_ratio, _ratio_at_ends(gains, start_costs, starts, best, cap))
+    is_open = bounds >= bar * (1.0 - _BOUND_SLACK)
+    open_bins = is_open.nonzero()[0]
+    if open_bins.shape[0] == 0:
+        return 0
     low, high = int(open_bins[0]), int(open_bins[-1])
-    low_rank = int(ends[low - 1]) if low else 0
-    high_rank = min(int(ends[high]), cap)
-    if high_rank <= low_rank:
-        return best_b
-    inside = scores_in_bins(scores, num_bins, num_bins - high, num_bins - low)
-    ratios = np.add.accumulate(np.sort(inside)[::-1][: high_rank - low_rank])
-    ratios += gains[low - 1] if low else num_sampling
+    low_rank, high_rank = int(starts[low]), min(int(starts[high + 1]), cap)
+
+    # Every budget in low_rank + 1 .. high_rank, priced exactly; the rest cannot win.
+    inside = scores_in_bins(scores, keys, low, high)
+    inside.sort()
+    top = inside[::-1][: high_rank - low_rank]
+    if top.shape[0] == 0:
+        return 0
+    top[0] += gains[low - 1] if low else num_sampling  # the gain at low_rank
+    ratios = np.add.accumulate(top)  # gains at ranks low_rank + 1 .. high_rank
     ratios /= costs[low_rank + 1 : high_rank + 1]
     k = int(ratios.argmax())
-    if ratios[k] > best_ratio or (ratios[k] == best_ratio and low_rank + 1 + k < best_b):
-        return low_rank + 1 + k
-    return best_b
+    return low_rank + 1 + k if ratios[k] > zero_ratio else 0
+
+
+def _ratio_at_ends(
+    gains: np.ndarray, start_costs: np.ndarray, starts: np.ndarray, j: int, cap: int
+) -> float:
+    """The better exact ratio at the two ends of bin j (its end only if within cap)."""
+    at_start = gains[j - 1] / start_costs[j] if j else 0.0
+    if starts[j + 1] > cap:
+        return at_start
+    return max(at_start, gains[j] / start_costs[j + 1])
 
 
 def choose_draft_budget(
@@ -138,7 +157,7 @@ def choose_draft_budget(
     confidences = as_confidences("stale_confidences", stale_confidences)
     num_reqs, num_positions = confidences.shape
     drafts = as_draft_counts("num_drafts", num_drafts, num_reqs, num_positions)
-    non_draft = as_counts("num_non_draft", num_non_draft, num_reqs)
+    num_tokens = count_total("num_non_draft", num_non_draft, num_reqs)
     num_sampling = as_non_negative_int("num_sampling", num_sampling)
     if num_sampling > num_reqs:
         raise ValueError(f"num_sampling must be at most num_reqs={num_reqs}, got {num_sampling}")
@@ -148,6 +167,6 @@ def choose_draft_budget(
     cap = draft_cap(drafts.total, num_reqs, max_total_logits, num_bonus_tokens)
     if cap == 0:
         return 0
-    costs = tables.step_costs_ms(num_reqs, int(non_draft.sum()), cap, context_tokens)
+    costs = tables.step_costs_ms(num_reqs, num_tokens, cap, context_tokens)
     scores = survival_by_position(confidences, drafts.counts, drafts.is_full).ravel()
     return best_budget(scores, cap, num_sampling, costs)

@@ -4,20 +4,28 @@ Layout: survival is position-major, ``[K, num_reqs]``, so that every vectorised 
 runs along the long request axis and so that flattening it lists slots in
 (position, request) order, the allocation's tie-break order.
 
-Order statistics by binning: a full sort of ``K * num_reqs`` scores is the slow part of
-both decisions on a CPU (about 35 µs for 256 x 7 on two cores), so for large batches
-the scores are binned by value (``floor(score * num_bins)`` with a power-of-two
-``num_bins``, so bin edges are exact) and only the few bins that matter are sorted.
+Order statistics by binning. A full sort of ``K * num_reqs`` float64 scores is the slow
+part of both decisions on a CPU (about 30 µs for 256 x 7 on two cores), yet each
+decision only needs the exact order near one rank. Large batches are therefore binned
+by value, from the top down: ``key = round((1 - score) * num_bins)``, so key 0 holds
+the highest scores and the key never increases with the score (rounding is monotone).
+One ``bincount`` gives every bin's count, their running totals give the rank at which
+each bin ends, and only the members of the bins that matter are sorted. Members are
+selected by key, never by a recomputed value bound, so a selection always holds exactly
+the counted slots. (Keys run from the top so that every later array is read forwards:
+NumPy's accumulate and argmax are several times slower on reversed views.)
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
 SORT_MAX_SLOTS = 1024
 """Up to this many slots a full sort is cheaper than binning (measured on 2 cores)."""
 
-ACCUMULATE_MAX_REQS = 128
+ACCUMULATE_MAX_REQS = 96
 """Up to this many requests one ``multiply.accumulate`` call is cheaper than a loop over
 positions; beyond it NumPy's accumulate along the short axis is the slower of the two."""
 
@@ -45,8 +53,8 @@ def running_product(survival: np.ndarray) -> np.ndarray:
     product of entries 0..k, multiplied left to right."""
     if survival.shape[1] <= ACCUMULATE_MAX_REQS:
         return np.multiply.accumulate(survival, axis=0, out=survival)
-    for k in range(1, survival.shape[0]):
-        np.multiply(survival[k - 1], survival[k], out=survival[k])
+    for previous, row in itertools.pairwise(survival):  # rows: [num_reqs] views
+        np.multiply(previous, row, row)
     return survival
 
 
@@ -62,18 +70,28 @@ def num_bins_for(num_slots: int) -> int:
 
 
 def bin_keys(scores: np.ndarray, num_bins: int) -> np.ndarray:
-    """Bin ``floor(score * num_bins)`` of scores in [0, 1]: 0 .. num_bins (score 1.0)."""
-    keys = np.empty(scores.shape[0], dtype=np.intp)
-    np.multiply(scores, num_bins, out=keys, casting="unsafe")
+    """``round((1 - score) * num_bins)`` of scores in [0, 1]: int64 keys 0 (top) .. num_bins.
+
+    ``num_bins`` is a power of two. No float-to-int conversion (slow without AVX-512):
+    ``offset + 1 - score`` with ``offset = 2**52 / num_bins`` lies in [offset,
+    2 * offset), where floats are spaced exactly ``1 / num_bins`` apart, so the
+    subtraction itself rounds to the key and its bits are ``bits(offset) + key``.
+    """
+    offset = 2.0**52 / num_bins
+    keys = np.subtract(offset + 1.0, scores).view(np.int64)
+    keys -= np.float64(offset).view(np.int64)
     return keys
 
 
-def scores_in_bins(scores: np.ndarray, num_bins: int, low_bin: int, high_bin: int) -> np.ndarray:
-    """The scores of bins ``low_bin..high_bin`` (ascending keys), selected by value.
-
-    ``num_bins`` is a power of two, so ``key >= k`` is exactly ``score >= k / num_bins``.
-    """
-    return scores[(scores >= low_bin / num_bins) & (scores < (high_bin + 1) / num_bins)]
+def scores_in_bins(scores: np.ndarray, keys: np.ndarray, low_key: int, high_key: int) -> np.ndarray:
+    """A new array of the scores whose key is in ``low_key..high_key``, unordered."""
+    if low_key == high_key:
+        is_inside = keys == low_key
+    else:
+        # Keys below low_key wrap around to huge unsigned offsets: one comparison does both ends.
+        is_inside = (keys - low_key).view(np.uint64) <= high_key - low_key
+    # A gather by index: boolean indexing mispredicts a branch per selected slot.
+    return scores.take(is_inside.nonzero()[0])
 
 
 def kth_largest(scores: np.ndarray, k: int) -> float:
@@ -82,9 +100,12 @@ def kth_largest(scores: np.ndarray, k: int) -> float:
     if num_slots <= SORT_MAX_SLOTS:
         return float(np.partition(scores, num_slots - k)[num_slots - k])
     num_bins = num_bins_for(num_slots)
-    # Counts from the top bin down; the k-th largest lies in the first bin reaching k.
-    above = np.add.accumulate(np.bincount(bin_keys(scores, num_bins), minlength=num_bins + 1)[::-1])
-    top = int(np.searchsorted(above, k, side="left"))
-    members = scores_in_bins(scores, num_bins, num_bins - top, num_bins - top)
-    rank = k - (int(above[top - 1]) if top else 0)
-    return float(np.partition(members, members.shape[0] - rank)[-rank])
+    keys = bin_keys(scores, num_bins)
+    # Slots in each bin and every bin above it; the k-th largest lies in the first bin
+    # whose running count reaches k.
+    at_or_above = np.add.accumulate(np.bincount(keys, None, num_bins + 1))
+    key = int(at_or_above.searchsorted(k))
+    members = scores_in_bins(scores, keys, key, key)
+    rank = k - (int(at_or_above[key - 1]) if key else 0)  # its rank among the members
+    members.partition(members.shape[0] - rank)  # a new array: partitioned in place
+    return float(members[-rank])

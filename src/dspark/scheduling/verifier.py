@@ -39,6 +39,7 @@ from dspark.scheduling._checks import (
     as_counts,
     as_draft_counts,
     as_non_negative_int,
+    count_total,
 )
 from dspark.scheduling.allocation import admit_top_slots
 from dspark.scheduling.budget import best_budget, draft_cap
@@ -109,7 +110,8 @@ class AdaptiveVerifier:
         self._fresh[slots] = survival.T
         if slots.size:
             decay = self.population_decay
-            self._population = decay * self._population + (1 - decay) * survival.mean(axis=1)
+            mean = np.add.reduce(survival, axis=1) / slots.shape[0]  # [K]
+            self._population = decay * self._population + (1 - decay) * mean
 
     @property
     def population_survival(self) -> np.ndarray:
@@ -182,7 +184,7 @@ class AdaptiveVerifier:
         slots = self._check_slots(slots)
         num_reqs = slots.shape[0]
         drafts = as_draft_counts("num_drafts", num_drafts, num_reqs, self.num_positions)
-        non_draft = as_counts("num_non_draft", num_non_draft, num_reqs)
+        num_tokens = count_total("num_non_draft", num_non_draft, num_reqs)
         if not 0 <= num_sampling <= num_reqs:
             raise ValueError(f"num_sampling must be in [0, {num_reqs}], got {num_sampling}")
         cap = draft_cap(drafts.total, num_reqs, self.max_total_logits, self.num_bonus_tokens)
@@ -196,14 +198,23 @@ class AdaptiveVerifier:
         # The gate's plan (latest recorded survival) is usually the budget's plan one call
         # later (record() moved exactly those rows to stale): same inputs, same answer, so
         # the search runs once per step. A cost model is a function of its arguments.
-        key = (num_reqs, int(non_draft.sum()), cap, int(num_sampling), int(context_tokens))
-        memo = self._last_plan
-        if memo is not None and memo[0] == key and np.array_equal(memo[1], survival):
-            return memo[2], survival, memo[3]
-        costs = self.cost_model.step_costs_ms(num_reqs, key[1], cap, context_tokens)
+        key = (num_reqs, num_tokens, cap, int(num_sampling), int(context_tokens))
+        if self._is_last_plan(key, survival):
+            return self._last_plan[2], survival, self._last_plan[3]
+        costs = self.cost_model.step_costs_ms(num_reqs, num_tokens, cap, context_tokens)
         budget = best_budget(survival, cap, int(num_sampling), costs)
         self._last_plan = (key, survival.copy(), budget, costs)
         return budget, survival, costs
+
+    def _is_last_plan(self, key: tuple, survival: np.ndarray) -> bool:
+        memo = self._last_plan
+        # The first score usually differs already: a scalar test before the full one.
+        return (
+            memo is not None
+            and memo[0] == key
+            and memo[1][0] == survival[0]
+            and bool((memo[1] == survival).all())
+        )
 
     def allocate(self, slots: np.ndarray, num_drafts: np.ndarray, budget: int) -> np.ndarray:
         """Admitted drafts per request: the budget's slots of highest fresh survival."""
@@ -228,7 +239,9 @@ class AdaptiveVerifier:
 
     def _check_slots(self, slots: np.ndarray) -> np.ndarray:
         slots = as_counts("slots", slots)
-        if slots.size and (slots.max() >= self.max_num_slots or not self._is_active[slots].all()):
+        if slots.size and (
+            np.maximum.reduce(slots) >= self.max_num_slots or not self._is_active.take(slots).all()
+        ):
             inactive = [int(s) for s in slots if s >= self.max_num_slots or not self._is_active[s]]
             raise ValueError(f"slots {inactive} hold no request; call add_request first")
         return slots

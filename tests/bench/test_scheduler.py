@@ -1,0 +1,25 @@
+import numpy as np
+
+import dspark.scheduling.verifier as verifier_module
+from dspark.bench.scheduler import BenchConfig, bench_size, format_table, h200_seed_tables
+
+
+def test_every_verifier_plan_in_the_bench_is_a_real_search(monkeypatch):
+    searches = []
+    real_search = verifier_module.best_budget
+
+    def counting(*args):
+        searches.append(args[1])
+        return real_search(*args)
+
+    monkeypatch.setattr(verifier_module, "best_budget", counting)
+    config = BenchConfig(sizes=(8,), num_inputs=3, repeats=2, torch_device=None)
+    result = bench_size(config, 8, h200_seed_tables(8))
+    # verifier_plan and verifier_step each run once per input in the warm-up and in
+    # every repeat (2 * 3 * 3 plans). The memo answers exactly one: the first engine
+    # step plans the all-ones stale table that the warm-up's plans have just searched.
+    assert len(searches) == 2 * 3 * (1 + 2) - 1
+    assert result.budget_mismatches == 0
+    assert {"budget", "seed_budget", "allocate", "verifier_plan", "verifier_step"} <= set(result.us)
+    assert np.isfinite(list(result.us.values())).all()
+    assert "mismatch" in format_table([result])

@@ -1,0 +1,57 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from dspark.scheduling.survival import bin_keys, scores_in_bins, survival_by_position
+from tests.oracles import survival_rows
+
+unit = st.one_of(
+    st.sampled_from([0.0, -0.0, 1.0, 0.5, 2.0**-1074, 1.0 - 2.0**-53]), st.floats(0, 1)
+)
+
+
+@pytest.mark.parametrize("num_bins", [1, 64, 256, 4096])
+@settings(max_examples=100, deadline=None)
+@given(scores=hnp.arrays(np.float64, st.integers(1, 200), elements=unit))
+def test_bin_keys_run_from_the_top_and_never_rise_with_the_score(num_bins, scores):
+    keys = bin_keys(scores, num_bins)
+    assert keys.dtype == np.int64
+    assert ((0 <= keys) & (keys <= num_bins)).all()
+    # round((1 - score) * num_bins), up to the rounding of 1 - score itself.
+    assert (np.abs(keys - (1.0 - scores) * num_bins) <= 0.5 + 1e-9).all()
+    order = np.argsort(scores, kind="stable")
+    assert (np.diff(keys[order]) <= 0).all()
+
+
+def test_bin_keys_of_the_ends_and_of_grid_points():
+    scores = np.array([1.0, 0.75, 0.5, 0.25, 0.0, -0.0])
+    assert bin_keys(scores, 4).tolist() == [0, 1, 2, 3, 4, 4]
+    assert bin_keys(scores, 64).tolist() == [0, 16, 32, 48, 64, 64]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    hnp.arrays(np.float64, st.integers(1, 300), elements=unit),
+    st.integers(0, 16),
+    st.integers(0, 16),
+)
+def test_scores_in_bins_selects_exactly_the_keys_in_range(scores, low, width):
+    keys = bin_keys(scores, 16)
+    high = min(low + width, 16)
+    inside = scores_in_bins(scores, keys, low, high)
+    expected = scores[(keys >= low) & (keys <= high)]
+    assert sorted(inside.tolist()) == sorted(expected.tolist())
+
+
+@pytest.mark.parametrize("num_reqs", [3, 200])  # one accumulate call; a loop over positions
+def test_survival_is_the_left_to_right_running_product(num_reqs):
+    rng = np.random.default_rng(num_reqs)
+    conf = rng.uniform(0, 1, (num_reqs, 5)).astype(np.float32)
+    drafts = rng.integers(0, 6, num_reqs)
+    survival = survival_by_position(conf, drafts)  # [K, num_reqs]
+    expected = survival_rows(conf).T * (np.arange(5)[:, None] < drafts)
+    assert np.array_equal(survival, expected)
+    full = survival_by_position(conf, np.full(num_reqs, 5), True)
+    assert np.array_equal(full, survival_rows(conf).T)
