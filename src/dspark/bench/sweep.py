@@ -208,7 +208,9 @@ def engine_for(
         num_drafts=k,
         drafter=args.drafter,
         max_num_seqs=concurrency,
-        max_num_batched_tokens=max(512, concurrency * (k + 1)),
+        # A full verify batch plus one whole prompt: otherwise the per-request draft room
+        # (K each) leaves prompt chunks no tokens, and new requests starve at high K.
+        max_num_batched_tokens=max(512, concurrency * (k + 1) + args.max_prompt_tokens),
         kv_cache_tokens=max(4096, concurrency * (args.max_prompt_tokens + args.max_tokens + 32)),
         profile_path=str(
             out / "profiles" / f"profile-{name}-c{concurrency}-k{k}-{args.device}.json"
