@@ -29,6 +29,9 @@ from dspark.scheduling import AdaptiveVerifier, StepCostModel
 from dspark.scheduling.cost import ObservedDraftCost
 from dspark.scheduling.gate import ThroughputGate
 
+DEFER_LIMIT = 32
+"""Most undrafted steps whose drafter context updates are held back at once."""
+
 
 class SpecMode(str, enum.Enum):
     NONE = "none"
@@ -64,6 +67,9 @@ class EngineConfig:
     # Adaptive: also decide whether to draft at all from measured tokens per ms of
     # drafted and undrafted steps (``dspark.scheduling.gate``), on top of the cost model.
     throughput_gate: bool = True
+    # Adaptive: on steps the gate leaves undrafted, hold the drafter's context updates back
+    # and run them batched (every DEFER_LIMIT steps, or before the next drafting step).
+    defer_upkeep: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", SpecMode(self.spec))
@@ -199,6 +205,7 @@ class LLMEngine:
         self.verifier: AdaptiveVerifier | None = None
         self.gate: ThroughputGate | None = None
         self._gate_step: tuple[int, bool] | None = None  # this step's (requests, drafted)
+        self._deferred: list[tuple[list, torch.Tensor]] = []  # held-back context updates
         self.round_log: list[tuple[np.ndarray | None, int, int]] | None = None
         if config.spec is not SpecMode.NONE:
             self.drafter = drafter or self._build_drafter(config.drafter)
@@ -353,6 +360,8 @@ class LLMEngine:
         end = time.perf_counter()
         self.stats.apply_ms.append((end - phase) * 1e3)
         # A step that captured a graph is not a typical step of its kind: not timed.
+        if not self.scheduler.running:
+            self._deferred.clear()  # held-back updates of requests that all finished
         if self.gate is not None and self._gate_step and self._num_captures() == captures:
             num_reqs, drafted = self._gate_step
             tokens = self.stats.num_generated - generated
@@ -419,6 +428,7 @@ class LLMEngine:
                 self.stats.undrafted_steps += 1
                 return drafts, probs
             limits = np.minimum(limits, depth)
+        self._flush_upkeep()  # the drafter's context must be complete before it drafts
         start = self._clock()
         proposal: Proposal = self.drafter.propose([chunks[i].request for i in decode_index], limits)
         drafter_ms = self._clock() - start
@@ -580,17 +590,49 @@ class LLMEngine:
         return touched
 
     def _observe(self, kept: list[tuple[Request, int, int, int]], features: torch.Tensor) -> None:
-        """Hand the drafter the target features of the positions each request kept."""
+        """Hand the drafter the target features of the positions each request kept; on a
+        step the gate left undrafted, keep them for later instead (``_flush_upkeep``)."""
         kept = [item for item in kept if not item[0].is_finished and item[3] > 0]
         if not kept:
             return
         rows = np.concatenate([np.arange(row, row + count) for _, _, row, count in kept])
-        self.drafter.observe(
-            [item[0] for item in kept],
-            [item[1] for item in kept],
-            [item[3] for item in kept],
-            features[torch.from_numpy(rows).to(features.device)],
-        )
+        selected = features[torch.from_numpy(rows).to(features.device)]
+        items = [(r, start, count, r.num_preemptions) for r, start, _, count in kept]
+        self._deferred.append((items, selected))
+        gate_step = self._gate_step
+        deferring = self.config.defer_upkeep and gate_step is not None and not gate_step[1]
+        if not deferring or len(self._deferred) >= DEFER_LIMIT:
+            self._flush_upkeep()
+
+    def _flush_upkeep(self) -> None:
+        """Run the drafter's context updates held back on undrafted steps, in order, as one
+        call. Only a drafting step needs the drafter's context complete, so an adaptive
+        engine that declines to draft pays this once per ``DEFER_LIMIT`` steps (one batched
+        call instead of one per step) or when it drafts again: the drafter ends up exactly
+        as if it had observed every step. Requests finished or preempted since are
+        skipped (the drafter has forgotten them)."""
+        if not self._deferred:
+            return
+        requests, starts, counts, pieces = [], [], [], []
+        for items, selected in self._deferred:
+            live = [
+                i
+                for i, (r, _, _, preemptions) in enumerate(items)
+                if not r.is_finished and r.num_preemptions == preemptions
+            ]
+            if not live:
+                continue
+            offsets = np.cumsum([0] + [item[2] for item in items])
+            rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in live])
+            if len(live) < len(items):
+                selected = selected[torch.from_numpy(rows).to(selected.device)]
+            requests += [items[i][0] for i in live]
+            starts += [items[i][1] for i in live]
+            counts += [items[i][2] for i in live]
+            pieces.append(selected)
+        self._deferred.clear()
+        if requests:
+            self.drafter.observe(requests, starts, counts, torch.cat(pieces))
 
     def _emit(self, request: Request, new_tokens: list[int]) -> None:
         """Append tokens one by one, stopping at EOS, a stop string or a length limit."""
