@@ -14,7 +14,7 @@ def drive(gate, num_reqs, drafted_rate, undrafted_rate, steps):
 
 
 def test_measures_both_arms_then_keeps_the_faster_exploring_the_other_periodically():
-    gate = ThroughputGate(explore_every=10, min_steps=2)
+    gate = ThroughputGate(explore_every=10, window=2, min_steps=2)
     # Drafted first (the cost model asked for it), twice; then undrafted twice.
     assert [gate.should_draft(8) for _ in range(2)] == [True, True]
     for _ in range(2):
@@ -23,7 +23,8 @@ def test_measures_both_arms_then_keeps_the_faster_exploring_the_other_periodical
     for _ in range(2):
         gate.record(8, False, 50, 10.0)  # 5 tokens / ms
     assert gate.rates(8) == (3.0, 5.0)
-    # Undrafted wins; decisions 5..20: only the 10th and 20th draft (exploration).
+    # Undrafted wins; both windows are full, so decisions 5..20 draft only at the 10th
+    # and 20th (exploration).
     choices = [gate.should_draft(8) for _ in range(16)]
     assert [i + 5 for i, c in enumerate(choices) if c] == [10, 20]
 
@@ -76,3 +77,23 @@ def test_bad_arguments_are_errors():
         ThroughputGate(window=2, min_steps=3)
     with pytest.raises(ValueError, match="wall time"):
         ThroughputGate().record(4, True, 3, 0.0)
+
+
+def test_explores_a_losing_arm_more_often_while_its_window_fills():
+    """Slow first drafted steps (warm-up) must not keep drafting off for long: while the
+    drafted window is not full it is re-measured every explore_every // 4 decisions."""
+    gate = ThroughputGate(explore_every=16, window=8, min_steps=3)
+    for _ in range(3):
+        assert gate.should_draft(1)
+        gate.record(1, True, 1, 100.0)  # warm-up: 0.01 tokens/ms
+    for _ in range(3):
+        assert not gate.should_draft(1)
+        gate.record(1, False, 1, 60.0)  # 0.0167
+    drafted_at = []
+    for decision in range(7, 60):
+        draft = gate.should_draft(1)
+        if draft:
+            drafted_at.append(decision)
+        gate.record(1, draft, 2 if draft else 1, 55.0 if draft else 60.0)  # 0.036 vs 0.0167
+    assert drafted_at[0] <= 8  # re-measured within four decisions
+    assert len(drafted_at) > 40  # and drafting took over

@@ -14,10 +14,10 @@ it keeps the throughput of the last ``window`` drafted steps and of the last ``w
 undrafted ones (tokens emitted over wall time, both summed over the window: a ratio of
 sums, not a median of per-step ratios, which would be biased because a drafted step
 emits a skewed, discrete number of tokens: mostly 1, sometimes many), takes the faster
-arm, and every ``explore_every`` decisions takes the other arm once so that its figure
-stays current. The decision reads
-past steps' timings and token counts only, never the drafts of the step it decides, so
-sampling stays lossless (see ``AdaptiveVerifier``).
+arm, and takes the other arm once every ``explore_every`` decisions (every quarter of
+that while the other arm's window is not yet full) so that its figure stays current.
+The decision reads past steps' timings and token counts only, never the drafts of the
+step it decides, so sampling stays lossless (see ``AdaptiveVerifier``).
 """
 
 from __future__ import annotations
@@ -76,8 +76,13 @@ class ThroughputGate:
             if len(state.samples[arm]) < self.min_steps:
                 return arm == DRAFTED
         best = DRAFTED if state.rate(DRAFTED) >= state.rate(UNDRAFTED) else UNDRAFTED
-        if state.decisions % self.explore_every == 0:
-            best = 1 - best  # keep the other arm's figure current
+        # Keep the other arm's figure current: often while its window is still filling
+        # (its first steps may have been unrepresentative, e.g. first-call warm-up),
+        # then every explore_every decisions.
+        filling = len(state.samples[1 - best]) < self.window
+        period = max(2, self.explore_every // 4) if filling else self.explore_every
+        if state.decisions % period == 0:
+            best = 1 - best
         return best == DRAFTED
 
     def record(self, num_reqs: int, drafted: bool, tokens: int, wall_ms: float) -> None:
