@@ -150,3 +150,20 @@ def test_cuda_graph_replays_give_the_eager_greedy_output(tmp_path, spec):
     assert engine.graphs.capture and engine.graphs.num_captures > 0
     assert engine.graphs.num_runs >= engine.stats.num_steps - 2
     assert [o.token_ids for o in graphed] == [o.token_ids for o in eager]
+
+
+def test_padding_block_comes_on_top_of_the_pool_asked_for(tiny):
+    from dspark.engine.engine import EngineConfig, LLMEngine
+
+    for mode in ("off", "on"):
+        engine = LLMEngine(tiny, EngineConfig(kv_cache_tokens=1024, cuda_graphs=mode))
+        assert engine.cache.num_free_blocks == 1024 // 16
+
+
+def test_steps_gathering_too_many_keys_run_eagerly(tiny):
+    cache = PagedKVCache(tiny.config, 64, 4, torch.float32)
+    runner = PaddedStepRunner(lambda *a: None, cache, 256, 64, 256, False, max_key_rows=1024)
+    # 4 decodes over 100 keys: 4 pieces x 128 keys = 512 rows.
+    assert runner.shape_for(np.full(4, 99), np.ones(4, dtype=np.int64)) is not None
+    # One 200-token chunk at 40 cached: 13 pieces (16 padded) x 256 keys = 4096 rows.
+    assert runner.shape_for(np.array([40]), np.array([200])) is None

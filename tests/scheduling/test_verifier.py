@@ -172,3 +172,26 @@ def test_the_budget_reuses_the_gates_search_only_when_its_inputs_are_the_same():
         calls = Counting.calls
         verifier.plan(slots, np.array([3, 2, 3]), non_draft, 3)
         assert Counting.calls == calls + 1
+
+
+def test_a_learning_cost_model_invalidates_the_plan_memo():
+    class Versioned:
+        version = 0
+        calls = 0
+
+        def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
+            Versioned.calls += 1
+            return 1.0 + 0.01 * np.arange(max_drafts + 1)
+
+    cost = Versioned()
+    verifier = AdaptiveVerifier(4, 3, cost, max_total_logits=64)
+    slots = np.arange(2)
+    for slot in slots:
+        verifier.add_request(slot)
+    args = (slots, np.full(2, 3), np.ones(2, dtype=np.int64), 2)
+    verifier.plan(*args)
+    verifier.plan(*args)
+    assert Versioned.calls == 1  # same inputs, same model: the search ran once
+    cost.version = 1
+    verifier.plan(*args)
+    assert Versioned.calls == 2

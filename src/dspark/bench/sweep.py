@@ -219,7 +219,8 @@ def engine_for(
     drafter = None
     if replay is not None and setting.spec != "none":
         block = replay.draft_model.config.block_size
-        graphs = (concurrency, loaded.config.max_position) if args.device == "cuda" else None
+        on_gpu = args.device.startswith("cuda")
+        graphs = (concurrency, loaded.config.max_position) if on_gpu else None
         inner = DSparkDrafter(
             replay.draft_model, drafter_rows(config, block), config.block_size, graphs=graphs
         )

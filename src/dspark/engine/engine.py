@@ -170,9 +170,13 @@ class LLMEngine:
             # call measured on an H200) and every step brings new key lengths; the flash /
             # memory-efficient kernels have no such cost. The switch is process-wide.
             torch.backends.cuda.enable_cudnn_sdp(False)
+        self.padded_steps = config.cuda_graphs == "on" or (
+            config.cuda_graphs == "auto" and self.device.type == "cuda"
+        )
         self.cache = PagedKVCache(
             loaded.config,
-            config.kv_cache_tokens // config.block_size,
+            # Padded steps take one block for padding tokens: on top of the pool asked for.
+            config.kv_cache_tokens // config.block_size + int(self.padded_steps),
             config.block_size,
             self.dtype,
             self.device,
@@ -185,9 +189,6 @@ class LLMEngine:
             on_release=self._on_release,
         )
         self.graphs: PaddedStepRunner | None = None
-        self.padded_steps = config.cuda_graphs == "on" or (
-            config.cuda_graphs == "auto" and self.device.type == "cuda"
-        )
         if self.padded_steps:
             self.graphs = PaddedStepRunner(
                 self._graph_body,
@@ -206,6 +207,7 @@ class LLMEngine:
         self.gate: ThroughputGate | None = None
         self._gate_step: tuple[int, bool] | None = None  # this step's (requests, drafted)
         self._deferred: list[tuple[list, torch.Tensor]] = []  # held-back context updates
+        self._flush_ms = 0.0
         self.round_log: list[tuple[np.ndarray | None, int, int]] | None = None
         if config.spec is not SpecMode.NONE:
             self.drafter = drafter or self._build_drafter(config.drafter)
@@ -327,6 +329,7 @@ class LLMEngine:
         phase = step_start = time.perf_counter()
         generated, captures = self.stats.num_generated, self._num_captures()
         self._gate_step = None
+        self._flush_ms = 0.0  # held-back upkeep run in this step (other steps' work)
         drafts, draft_probs = self._draft(chunks)
         self.stats.draft_phase_ms.append((time.perf_counter() - phase) * 1e3)
         tokens, num_cached, num_query = [], [], []
@@ -365,7 +368,8 @@ class LLMEngine:
         if self.gate is not None and self._gate_step and self._num_captures() == captures:
             num_reqs, drafted = self._gate_step
             tokens = self.stats.num_generated - generated
-            self.gate.record(num_reqs, drafted, tokens, (end - step_start) * 1e3)
+            wall_ms = (end - step_start) * 1e3 - self._flush_ms
+            self.gate.record(num_reqs, drafted, tokens, max(wall_ms, 1e-3))
         return touched
 
     def forward(
@@ -428,13 +432,18 @@ class LLMEngine:
                 self.stats.undrafted_steps += 1
                 return drafts, probs
             limits = np.minimum(limits, depth)
+        flush_start = time.perf_counter()
         self._flush_upkeep()  # the drafter's context must be complete before it drafts
+        self._flush_ms = (time.perf_counter() - flush_start) * 1e3
+        captures = self._num_captures()
         start = self._clock()
         proposal: Proposal = self.drafter.propose([chunks[i].request for i in decode_index], limits)
         drafter_ms = self._clock() - start
         self.stats.drafter_ms.append(drafter_ms)
-        if batch is not None and isinstance(self.verifier.cost_model, ObservedDraftCost):
-            self.verifier.cost_model.record(len(chunks), drafter_ms)
+        cost_model = None if batch is None else self.verifier.cost_model
+        # A proposal that captured a graph is no measure of drafting's price.
+        if isinstance(cost_model, ObservedDraftCost) and self._num_captures() == captures:
+            cost_model.record(len(chunks), drafter_ms)
         for row, (i, proposed, limit) in enumerate(
             zip(decode_index, proposal.tokens, limits, strict=True)
         ):

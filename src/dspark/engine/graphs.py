@@ -43,6 +43,10 @@ from dspark.models.llama import AttentionBatch, AttentionGroup
 PIECE_LEN = 16
 """Longest piece: a decode with up to 15 drafts fits one."""
 
+MAX_KEY_ROWS = 1 << 21
+"""Most key rows a padded step gathers per layer (pieces x key span); larger steps run
+eagerly. 256 decodes over 8,192 keys fit."""
+
 
 def token_sizes(limit: int) -> list[int]:
     """Captured token counts up to ``limit`` (finer where steps are common)."""
@@ -104,6 +108,7 @@ class PaddedStepRunner:
         capture: bool,
         piece_len: int = PIECE_LEN,
         max_graphs: int = 256,
+        max_key_rows: int = MAX_KEY_ROWS,
     ) -> None:
         self.body = body
         self.cache = cache
@@ -119,6 +124,8 @@ class PaddedStepRunner:
         self.len_sizes = sorted({-(-s // bs) * bs for s in spans})
         self.scratch_block = cache.reserve_scratch()
         self.max_graphs = max_graphs
+        self.max_key_rows = max_key_rows
+        self._copied: torch.cuda.Event | None = None  # the last staging copy
         self.graphs: OrderedDict[StepShape, tuple] = OrderedDict()
         self.pool = None
         self.num_captures = 0
@@ -138,6 +145,11 @@ class PaddedStepRunner:
         length = _round_up(self.len_sizes, int((num_cached + num_query).max()))
         if t is None or r is None or length is None:
             return None
+        if r * length > self.max_key_rows:
+            # Every piece gathers its request's keys: a long prompt chunk cut into many
+            # pieces over a long context would gather them many times over. Eager
+            # attention reads such a chunk once.
+            return None
         return StepShape(t, r, length)
 
     def stage(
@@ -150,6 +162,8 @@ class PaddedStepRunner:
         causal: bool,
     ) -> int:
         """Fill the staging array for one step; returns how many entries it used."""
+        if self._copied is not None:  # the previous copy out of it must have finished
+            self._copied.synchronize()
         bs, plen = self.block_size, self.piece_len
         num_tokens = int(num_query.sum())
         per_request = -(-num_query // plen)
@@ -260,6 +274,9 @@ class PaddedStepRunner:
         used = self.stage(shape, tables, num_cached, num_query, ids, causal)
         self.num_runs += 1
         self.buffer[:used].copy_(self.staging[:used], non_blocking=self.capture)
+        if self.capture:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         if self.capture:
             outputs = self._graph(shape)
         else:

@@ -156,10 +156,12 @@ class ObservedDraftCost:
         self.base = base
         self.decay = decay
         self._observed: dict[int, float] = {}
+        self.version = 0  # changes with every measurement (plans priced before are stale)
 
     def record(self, num_reqs: int, drafting_ms: float) -> None:
         if not np.isfinite(drafting_ms) or drafting_ms < 0:
             raise ValueError(f"drafting_ms must be a finite non-negative time, got {drafting_ms}")
+        self.version += 1
         old = self._observed.get(num_reqs)
         self._observed[num_reqs] = (
             drafting_ms if old is None else self.decay * old + (1 - self.decay) * drafting_ms

@@ -14,8 +14,11 @@ it keeps the throughput of the last ``window`` drafted steps and of the last ``w
 undrafted ones (tokens emitted over wall time, both summed over the window: a ratio of
 sums, not a median of per-step ratios, which would be biased because a drafted step
 emits a skewed, discrete number of tokens: mostly 1, sometimes many), takes the faster
-arm, and takes the other arm once every ``explore_every`` decisions (every quarter of
-that while the other arm's window is not yet full) so that its figure stays current.
+arm, and takes the other arm once every ``explore_every`` decisions so that its figure
+stays current. "Faster" is optimistic about the arm measured less: each arm's figure is
+raised by ``confidence / sqrt(steps measured)`` of itself (an upper confidence bound),
+so an arm whose first steps were unrepresentative (first-call warm-up, a prompt chunk)
+is measured again soon, and one clearly behind is left alone.
 The decision reads past steps' timings and token counts only, never the drafts of the
 step it decides, so sampling stays lossless (see ``AdaptiveVerifier``).
 """
@@ -32,6 +35,7 @@ DRAFTED, UNDRAFTED = 0, 1
 class _Bucket:
     window: int
     samples: tuple[deque, deque] = field(init=False)  # (tokens, wall ms) per arm
+    measured: list[int] = field(default_factory=lambda: [0, 0])  # steps ever, per arm
     decisions: int = 0
 
     def __post_init__(self) -> None:
@@ -47,14 +51,23 @@ class _Bucket:
 class ThroughputGate:
     """Draft or not, per batch-size bucket, by the measured tokens per millisecond."""
 
-    def __init__(self, explore_every: int = 16, window: int = 16, min_steps: int = 3) -> None:
+    def __init__(
+        self,
+        explore_every: int = 32,
+        window: int = 16,
+        min_steps: int = 3,
+        confidence: float = 1.0,
+    ) -> None:
         if explore_every < 2:
             raise ValueError(f"explore_every must be at least 2, got {explore_every}")
         if not 1 <= min_steps <= window:
             raise ValueError(f"need 1 <= min_steps <= window, got {min_steps} and {window}")
+        if confidence < 0:
+            raise ValueError(f"confidence must be >= 0, got {confidence}")
         self.explore_every = explore_every
         self.window = window
         self.min_steps = min_steps
+        self.confidence = confidence
         self._buckets: dict[int, _Bucket] = {}
 
     @staticmethod
@@ -75,14 +88,13 @@ class ThroughputGate:
         for arm in (DRAFTED, UNDRAFTED):  # measure both arms first, drafting first
             if len(state.samples[arm]) < self.min_steps:
                 return arm == DRAFTED
-        best = DRAFTED if state.rate(DRAFTED) >= state.rate(UNDRAFTED) else UNDRAFTED
-        # Keep the other arm's figure current: often while its window is still filling
-        # (its first steps may have been unrepresentative, e.g. first-call warm-up),
-        # then every explore_every decisions.
-        filling = len(state.samples[1 - best]) < self.window
-        period = max(2, self.explore_every // 4) if filling else self.explore_every
-        if state.decisions % period == 0:
-            best = 1 - best
+        bound = [
+            state.rate(arm) * (1.0 + self.confidence / state.measured[arm] ** 0.5)
+            for arm in (DRAFTED, UNDRAFTED)
+        ]
+        best = DRAFTED if bound[DRAFTED] >= bound[UNDRAFTED] else UNDRAFTED
+        if state.decisions % self.explore_every == 0:
+            best = 1 - best  # keep the other arm's figure current
         return best == DRAFTED
 
     def record(self, num_reqs: int, drafted: bool, tokens: int, wall_ms: float) -> None:
@@ -91,7 +103,10 @@ class ThroughputGate:
             raise ValueError(
                 f"need a positive wall time and a token count >= 0, got {wall_ms} ms, {tokens}"
             )
-        self._get(num_reqs).samples[DRAFTED if drafted else UNDRAFTED].append((tokens, wall_ms))
+        arm = DRAFTED if drafted else UNDRAFTED
+        state = self._get(num_reqs)
+        state.samples[arm].append((tokens, wall_ms))
+        state.measured[arm] += 1
 
     def rates(self, num_reqs: int) -> tuple[float | None, float | None]:
         """(drafted, undrafted) tokens per ms measured for this batch size's bucket."""

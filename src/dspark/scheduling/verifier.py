@@ -197,8 +197,11 @@ class AdaptiveVerifier:
         survival = survival.ravel()
         # The gate's plan (latest recorded survival) is usually the budget's plan one call
         # later (record() moved exactly those rows to stale): same inputs, same answer, so
-        # the search runs once per step. A cost model is a function of its arguments.
-        key = (num_reqs, num_tokens, cap, int(num_sampling), int(context_tokens))
+        # the search runs once per step. A cost model is a function of its arguments (and
+        # of its version, for one that learns).
+        # A cost model that learns (``ObservedDraftCost``) says so through a version.
+        version = getattr(self.cost_model, "version", 0)
+        key = (num_reqs, num_tokens, cap, int(num_sampling), int(context_tokens), version)
         if self._is_last_plan(key, survival):
             return self._last_plan[2], survival, self._last_plan[3]
         costs = self.cost_model.step_costs_ms(num_reqs, num_tokens, cap, context_tokens)
