@@ -362,9 +362,9 @@ class LLMEngine:
         touched = self._apply(chunks, drafts, draft_probs, logits, owners, row_starts, features)
         end = time.perf_counter()
         self.stats.apply_ms.append((end - phase) * 1e3)
-        # A step that captured a graph is not a typical step of its kind: not timed.
         if not self.scheduler.running:
             self._deferred.clear()  # held-back updates of requests that all finished
+        # A step that captured a graph is not a typical step of its kind: not timed.
         if self.gate is not None and self._gate_step and self._num_captures() == captures:
             num_reqs, drafted = self._gate_step
             tokens = self.stats.num_generated - generated

@@ -130,8 +130,10 @@ class PaddedStepRunner:
         self.pool = None
         self.num_captures = 0
         self.num_runs = 0  # padded steps run (replayed or eager)
-        largest = StepShape(self.token_sizes[-1], self.piece_sizes[-1], self.len_sizes[-1])
-        size = sum(n for _, n in largest.offsets(bs).values())
+        # The staging layout of the largest shape, whose block tables are capped by the
+        # most key rows a padded step may gather (larger steps run eagerly).
+        t, r = self.token_sizes[-1], self.piece_sizes[-1]
+        size = 4 * t + 3 * r + min(r * self.len_sizes[-1], max_key_rows) // bs
         self.staging = torch.zeros(size, dtype=torch.int64, pin_memory=capture)
         self.buffer = torch.zeros(size, dtype=torch.int64, device=self.device)
 
