@@ -82,9 +82,9 @@ def test_bad_arguments_are_errors():
 
 
 def test_slow_first_steps_of_an_arm_are_measured_again_soon():
-    """Slow first drafted steps (warm-up; these are the first three measured on this CPU at
-    concurrency 1) must not keep drafting off for long: the arm measured less gets an
-    optimistic bound, so it is measured again within a few steps."""
+    """Slow first drafted steps (first-call warm-up, few tokens accepted: the kind of start
+    ``scripts/gate_trace.py 1`` shows on this CPU) must not keep drafting off for long:
+    the arm measured less gets an optimistic bound, so it is measured again soon."""
     gate = ThroughputGate(explore_every=32, window=16, min_steps=3)
     for tokens, wall in ((1, 99.3), (1, 71.1), (2, 98.1)):  # 0.0149 tokens/ms
         assert gate.should_draft(1)

@@ -148,7 +148,6 @@ class DSparkDrafter:
         anchor_pos = np.array([r.num_tokens - 1 for r in chosen])
         anchor_ids = np.array([r.all_ids[-1] for r in chosen], dtype=np.int64)
         anchors = torch.from_numpy(anchor_ids).to(self.device)
-        model = self.model
         tables = [self.tables[r.request_id] for r in chosen]
         queries = np.full(len(chosen), k)
         shape = None if self.graphs is None else self.graphs.shape_for(anchor_pos, queries)

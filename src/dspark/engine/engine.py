@@ -224,6 +224,15 @@ class LLMEngine:
                     f"{self.drafter.num_positions}, or {off}"
                 )
             self.acceptance = OnlineAcceptance(config.num_drafts)
+        # Every padded-step runner (target, drafter, a replayed drafter's inner one): a
+        # step that captured a graph in any of them is not timed.
+        inner = getattr(self.drafter, "inner", None)
+        runners = (
+            self.graphs,
+            getattr(self.drafter, "graphs", None),
+            getattr(inner, "graphs", None),
+        )
+        self._runners = [runner for runner in runners if runner is not None]
         self.allocate_on_device = config.allocation == "device" or (
             config.allocation == "auto" and self.device.type == "cuda"
         )
@@ -410,9 +419,7 @@ class LLMEngine:
         return [hidden, *captured]
 
     def _num_captures(self) -> int:
-        runners = (self.graphs, getattr(self.drafter, "graphs", None))
-        runners += (getattr(getattr(self.drafter, "inner", None), "graphs", None),)
-        return sum(r.num_captures for r in runners if r is not None)
+        return sum(runner.num_captures for runner in self._runners)
 
     def _draft(self, chunks: list[ScheduledChunk]) -> tuple[list[list[int]], list]:
         drafts: list[list[int]] = [[] for _ in chunks]
@@ -606,12 +613,20 @@ class LLMEngine:
             return
         rows = np.concatenate([np.arange(row, row + count) for _, _, row, count in kept])
         selected = features[torch.from_numpy(rows).to(features.device)]
-        items = [(r, start, count, r.num_preemptions) for r, start, _, count in kept]
-        self._deferred.append((items, selected))
         gate_step = self._gate_step
-        deferring = self.config.defer_upkeep and gate_step is not None and not gate_step[1]
-        if not deferring or len(self._deferred) >= DEFER_LIMIT:
-            self._flush_upkeep()
+        if self.config.defer_upkeep and gate_step is not None and not gate_step[1]:
+            items = [(r, start, count, r.num_preemptions) for r, start, _, count in kept]
+            self._deferred.append((items, selected))
+            if len(self._deferred) >= DEFER_LIMIT:
+                self._flush_upkeep()
+            return
+        self._flush_upkeep()  # anything held back goes first, in order
+        self.drafter.observe(
+            [item[0] for item in kept],
+            [item[1] for item in kept],
+            [item[3] for item in kept],
+            selected,
+        )
 
     def _flush_upkeep(self) -> None:
         """Run the drafter's context updates held back on undrafted steps, in order, as one
