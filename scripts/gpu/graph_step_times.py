@@ -33,8 +33,8 @@ def main() -> None:
             reqs = min(size, 256)
             query = np.full(reqs, size // reqs)
             query[: size % reqs] += 1
-            _dummy_step(engine, query, 512, rng)
-            times = [_dummy_step(engine, query, 512, rng)[0] for _ in range(7)]
+            _dummy_step(engine, query, 512, rng, [])
+            times = [_dummy_step(engine, query, 512, rng, [])[0] for _ in range(7)]
             table.setdefault(size, {})[mode] = float(np.median(times))
         del engine
         torch.cuda.empty_cache()

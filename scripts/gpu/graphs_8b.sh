@@ -1,5 +1,6 @@
 # GPU call: CUDA-graph checks and timings, then the 8B-shape replay sweep with graphs
-# (needs only this checkout and .gpu/prompts.npz). Concurrency levels via CONC.
+# (needs only this checkout and .gpu/prompts.npz). Concurrency levels via CONC; the
+# acceptance trace via TRACE (default: the shipped SmolLM2 trace; e.g. published:chat).
 set -uo pipefail
 export PYTHONPATH=src
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -12,5 +13,5 @@ fi
 timeout "${LIMIT:-360}" python3 -m dspark.cli bench --shape llama3-8b --device cuda \
   --dtype bfloat16 --prompts .gpu/prompts.npz --concurrency ${CONC:-256 64} \
   --fixed ${FIXED:-1 2 3 4 5 6 7} --max-tokens ${TOKENS:-48} --repeats ${REPEATS:-1} \
-  --out "$OUT/bench8b" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -40
+  ${TRACE:+--trace "$TRACE"} --out "$OUT/bench8b" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -40
 cd "$OUT" && tar czf bench8b.tgz bench8b && rm -rf bench8b && ls -la

@@ -15,11 +15,18 @@ def test_every_verifier_plan_in_the_bench_is_a_real_search(monkeypatch):
     monkeypatch.setattr(verifier_module, "best_budget", counting)
     config = BenchConfig(sizes=(8,), num_inputs=3, repeats=2, torch_device=None)
     result = bench_size(config, 8, h200_seed_tables(8))
-    # verifier_plan and verifier_step each run once per input in the warm-up and in
-    # every repeat (2 * 3 * 3 plans). The memo answers exactly one: the first engine
-    # step plans the all-ones stale table that the warm-up's plans have just searched.
-    assert len(searches) == 2 * 3 * (1 + 2) - 1
+    # verifier_plan and verifier_step each search once per input in the warm-up and in
+    # every repeat (2 * 3 * 3 plans); drafting_depth prices depths without best_budget.
+    assert len(searches) == 2 * 3 * (1 + 2)
     assert result.budget_mismatches == 0
-    assert {"budget", "seed_budget", "allocate", "verifier_plan", "verifier_step"} <= set(result.us)
+    cases = {
+        "budget",
+        "seed_budget",
+        "allocate",
+        "verifier_plan",
+        "drafting_depth",
+        "verifier_step",
+    }
+    assert cases <= set(result.us)
     assert np.isfinite(list(result.us.values())).all()
     assert "mismatch" in format_table([result])

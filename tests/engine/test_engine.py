@@ -383,3 +383,32 @@ def test_deferred_drafter_upkeep_drafts_exactly_as_eager_upkeep(tmp_path, patter
     # updates reproduced it (up to rounding: batched products round differently).
     assert len(results[1][1]) > 10
     np.testing.assert_allclose(np.array(results[0][1]), np.array(results[1][1]), atol=1e-5)
+
+
+class RecordingCost(CheapCost):
+    """Cheap drafts, a free drafter, and a log of the steps the engine reports."""
+
+    def __init__(self, seed):
+        super().__init__(seed)
+        self.steps = []
+
+    def draft_cost_ms(self, num_reqs, depth=None):
+        return 0.0
+
+    def record_step(self, num_reqs, num_tokens, num_drafts, depth, wall_ms, context_tokens=0):
+        self.steps.append((num_reqs, num_tokens, num_drafts, depth, wall_ms))
+
+
+def test_decoding_steps_report_their_price_inputs_to_a_learning_cost_model(tiny):
+    prompts = repetitive_prompts(6)
+    plain, _ = run(tiny, prompts)
+    cost = RecordingCost(2)
+    out, engine = run(tiny, prompts, spec="adaptive", num_drafts=3, cost_model=cost)
+    assert [o.token_ids for o in out] == [o.token_ids for o in plain]
+    assert len(cost.steps) > 10
+    for num_reqs, num_tokens, num_drafts, depth, wall_ms in cost.steps:
+        assert num_tokens == num_reqs  # decoding steps only: prompt chunks are not priced
+        assert 0 <= depth <= 3 and 0 <= num_drafts <= num_reqs * depth and wall_ms > 0
+    # Every admitted draft of a reported step was verified: no more than the engine's.
+    admitted = engine.stats.num_verified - engine.stats.num_decode_rounds
+    assert 0 < sum(step[2] for step in cost.steps) <= admitted

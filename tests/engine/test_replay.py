@@ -227,3 +227,35 @@ def test_k_beyond_the_drafters_block_is_refused_naming_the_switch(
     drafter = ReplayDrafter(DSparkDrafter(draft_model, 1024, 16), constant_trace(1))
     with pytest.raises(ValueError, match=rf"K=8 \(--k.*at most 7.*{switch}"):
         LLMEngine(shaped, EngineConfig(spec=spec, num_drafts=8), drafter=drafter)
+
+
+@pytest.mark.parametrize("domain", ["chat", "math"])
+def test_published_trace_matches_the_published_rates_and_is_calibrated(domain):
+    from dspark.resources import PUBLISHED_ACCEPTANCE, load_json
+
+    rates = load_json(PUBLISHED_ACCEPTANCE)["conditional_acceptance_per_position"][domain]
+    trace = AcceptanceTrace.from_published(domain, num_rounds=40_000, seed=1)
+    accepted, conf = trace.accepted, trace.confidences.astype(np.float64)
+    for k, rate in enumerate(rates["dspark"]):
+        reached = accepted >= k
+        observed = (accepted[reached] > k).mean()
+        # Binomial standard error over the rounds reaching k: well under 0.01 here.
+        error = np.sqrt(rate * (1 - rate) / reached.sum())
+        assert abs(observed - rate) < 5 * error + 1e-3
+        # Calibrated: the confidence the scheduler sees is the acceptance probability.
+        assert abs(conf[reached, k].mean() - observed) < 5 * error + 1e-3
+    # The spread is per round: confidences of one round move together.
+    assert np.corrcoef(conf[:, 0], conf[:, 3])[0, 1] > 0.9
+    flat = AcceptanceTrace.from_published(domain, num_rounds=1000, spread=0.0)
+    assert np.ptp(flat.confidences, axis=0).max() == 0.0
+
+
+def test_published_trace_spec_and_its_errors():
+    trace = AcceptanceTrace.resolve("published:code:eagle3")
+    assert "eagle3 code" in trace.source and trace.num_positions == 7
+    with pytest.raises(ValueError, match="domain must be one of"):
+        AcceptanceTrace.resolve("published:poetry")
+    with pytest.raises(ValueError, match="drafter must be one of"):
+        AcceptanceTrace.resolve("published:chat:medusa")
+    with pytest.raises(ValueError, match="DOMAIN"):
+        AcceptanceTrace.resolve("published:")

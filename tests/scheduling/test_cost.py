@@ -116,3 +116,75 @@ def test_observed_draft_cost_follows_measurements_and_never_undercuts_the_profil
     assert cost.draft_cost_ms(2) == tables.draft_cost_ms(2)
     with pytest.raises(ValueError, match="drafting_ms"):
         cost.record(4, float("nan"))
+
+
+def test_depth_costs_interpolate_between_profiled_depths_and_never_fall():
+    from dspark.scheduling import build_depth_costs
+
+    # Depth 1 and 4 profiled at 1 and 4 requests; K = 5 (depth 5 takes depth 4's cost).
+    curves = {1: [(1, 1.0), (4, 2.0)], 4: [(1, 4.0), (4, 8.0)]}
+    table = build_depth_costs(curves, 5, 4)
+    assert table.shape == (6, 5)
+    assert table[0].tolist() == [0.0] * 5  # no drafting costs nothing
+    assert table[1:, 1].tolist() == [1.0, 2.0, 3.0, 4.0, 4.0]
+    assert table[1:, 4].tolist() == [2.0, 4.0, 6.0, 8.0, 8.0]
+    # Between profiled request counts: the seed's draft table (next profiled count up).
+    assert table[2, 3] == table[2, 4]
+    # A deeper draft never costs less, even when the profile says so.
+    inverted = build_depth_costs({1: [(1, 5.0)], 2: [(1, 3.0)]}, 2, 1)
+    assert inverted[1:, 1].tolist() == [5.0, 5.0]
+    with pytest.raises(ValueError, match=r"depths in 1..3"):
+        build_depth_costs({4: [(1, 1.0)]}, 3, 4)
+    with pytest.raises(ValueError, match="curves"):
+        build_depth_costs({1: []}, 3, 4)
+
+
+def test_observed_draft_cost_prices_each_depth_and_scales_them_alike():
+    from dspark.scheduling import build_depth_costs
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    tables = build_cost_tables([(1, 4.0), (8, 8.0)], [(1, 5.0), (64, 5.0)], 8, 64)
+    depth = build_depth_costs({1: [(1, 1.0), (8, 2.0)], 4: [(1, 4.0), (8, 8.0)]}, 4, 8)
+    cost = ObservedDraftCost(tables, decay=0.5, depth_ms=depth)
+    assert cost.draft_cost_ms(1, 1) == 1.0
+    assert cost.draft_cost_ms(1, 2) == 2.0
+    assert cost.draft_cost_ms(1) == 4.0  # no depth: the full block, the base table's
+    # Measured at depth 2 twice the profile: every depth at that count costs twice.
+    cost.record(1, 4.0, depth=2)
+    assert cost.draft_cost_ms(1, 1) == 2.0
+    assert cost.draft_cost_ms(1, 4) == 8.0
+    np.testing.assert_allclose(cost.step_costs_ms(1, 1, 3), tables.step_costs_ms(1, 1, 3) + 4.0)
+    with pytest.raises(ValueError, match="depth_ms"):
+        ObservedDraftCost(tables, depth_ms=np.ones(3))
+
+
+def test_measured_step_overheads_by_bucket_drafted_apart_and_linear_in_depth():
+    from dspark.scheduling import build_depth_costs
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    # Verify T tokens: 10 + T ms; drafting d deep: d ms at any request count; K = 3.
+    tables = build_cost_tables([(1, 3.0), (8, 3.0)], [(1, 11.0), (2, 12.0), (64, 74.0)], 8, 64, 1)
+    depth = build_depth_costs({1: [(1, 1.0), (8, 1.0)], 3: [(1, 3.0), (8, 3.0)]}, 3, 8)
+    cost = ObservedDraftCost(tables, depth_ms=depth)
+    # Undrafted, 4 requests: priced 14 ms. Medians of what the price missed: 6, then 7.
+    cost.record_step(4, 4, 0, 0, 20.0)
+    assert cost.overhead_ms(4, 0) == pytest.approx(6.0)
+    cost.record_step(4, 4, 0, 0, 114.0)
+    cost.record_step(4, 4, 0, 0, 21.0)
+    assert cost.overhead_ms(4, 0) == pytest.approx(7.0)
+    # Drafted 1 deep with 4 drafts: priced 10 + 8 + 1 = 19, took 24 (missed 5); 3 deep
+    # with 8 drafts: priced 10 + 12 + 3 = 25, took 34 (missed 9). Line: 3 + 2 · depth.
+    cost.record_step(4, 4, 4, 1, 24.0)
+    assert cost.overhead_ms(4, 2) == pytest.approx(5.0)  # one depth seen: flat
+    cost.record_step(4, 4, 8, 3, 34.0)
+    assert cost.overhead_ms(4, 2) == pytest.approx(7.0)
+    assert cost.overhead_ms(4, None) == pytest.approx(9.0)  # the full block, K = 3
+    assert cost.draft_cost_ms(4, 2) == pytest.approx(2.0 + 7.0)
+    np.testing.assert_allclose(cost.draft_costs_by_depth(4, 3), [7.0, 6.0, 9.0, 12.0])
+    # Requests 4..7 share a bucket; 8 is the next one, still unmeasured.
+    assert cost.overhead_ms(7, 2) == pytest.approx(7.0)
+    assert cost.overhead_ms(8, 2) == 0.0 and cost.overhead_ms(8, 0) == 0.0
+    with pytest.raises(ValueError, match="cannot admit"):
+        cost.record_step(4, 4, 2, 0, 10.0)
+    with pytest.raises(ValueError, match="wall_ms"):
+        cost.record_step(4, 4, 0, 0, float("inf"))

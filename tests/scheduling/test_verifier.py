@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dspark.scheduling import AdaptiveVerifier, allocate_drafts, choose_draft_budget
 
@@ -125,34 +127,45 @@ def test_drafting_pays_reads_the_latest_record_and_relax_retries_skipped_slots()
     verifier.add_request(0)
     args = (np.array([0]), np.array([2]), np.array([1]), 1)
     verifier.record(np.array([0]), np.array([[0.9, 0.9]]))
-    # Population: 0.9 · 1 + 0.1 · [0.9, 0.81] = [0.99, 0.981].
-    np.testing.assert_allclose(verifier.population_survival, [0.99, 0.981])
+    # Population: the first record itself (no blend with the 1.0 a new slot starts at).
+    np.testing.assert_allclose(verifier.population_survival, [0.9, 0.81])
     verifier.record(np.array([0]), np.array([[0.1, 0.5]]))
-    # Population: 0.9 · [0.99, 0.981] + 0.1 · [0.1, 0.05] = [0.901, 0.8879].
-    np.testing.assert_allclose(verifier.population_survival, [0.901, 0.8879])
+    # Population: (0.9 · 0.1 · [0.9, 0.81] + 0.1 · [0.1, 0.05]) / (0.9 · 0.1 + 0.1)
+    #           = [0.091, 0.0779] / 0.19 = [0.478947, 0.41].
+    np.testing.assert_allclose(verifier.population_survival, [0.091 / 0.19, 0.41])
     # The latest record (survival [0.1, 0.05]) decides, not the stale [0.9, 0.81]:
     # without the drafter 1 / 10.1 = 0.099 tok/ms; with it at most 1.15 / 14.3 = 0.080.
     assert verifier.drafting_pays(*args) == 0
     # The plan (stale, the seed's semantics) still sees [0.9, 0.81].
     assert verifier.plan(*args) == 2
     verifier.relax(np.array([0]))
-    # Halfway to the population: [0.5005, 0.46895]; (1 + 0.96945) / 14.3 = 0.1377 > 0.099.
+    # Halfway to the population: [0.289474, 0.23]; (1 + 0.519474) / 14.3 = 0.1063 > 0.099.
     assert verifier.drafting_pays(*args) == 2
+    # A request with no round recorded is priced at the population's survival, not 1.0:
+    # (1 + 0.478947 + 0.41) / 14.3 = 0.1321 drafted (1.0 would give 3 / 14.3 = 0.2098).
+    verifier.add_request(1)
+    verifier.relax(np.array([0]), weight=0.0)
+    one = (np.array([1]), np.array([2]), np.array([1]), 1)
+    assert verifier.drafting_pays(*one) == 2
+    verifier.cost_model = CostTables(draft_ms=np.full(3, 8.0), verify_ms=tables.verify_ms)
+    # A drafter of 8 ms: 1.889 / 18.3 = 0.1032 > 0.099 still pays; at 1.0 both would.
+    assert verifier.drafting_pays(*one) == 2
+    verifier.cost_model = CostTables(draft_ms=np.full(3, 10.0), verify_ms=tables.verify_ms)
+    # 10 ms: 1.889 / 20.3 = 0.093 < 0.099 does not, though 3 / 20.3 = 0.148 would have.
+    assert verifier.drafting_pays(*one) == 0
     with pytest.raises(ValueError, match="weight"):
         verifier.relax(np.array([0]), weight=1.5)
+    verifier.remove_request(1)
     with pytest.raises(ValueError, match="no request"):
         verifier.relax(np.array([1]))
 
 
-def test_the_budget_reuses_the_gates_search_only_when_its_inputs_are_the_same():
-    class Counting:
-        calls = 0
-
+def test_the_budget_after_the_gate_is_the_seeds_answer_on_the_stale_confidences():
+    class Linear:
         def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
-            Counting.calls += 1
             return 10.0 + 0.7 * np.arange(max_drafts + 1)
 
-    verifier = AdaptiveVerifier(3, 3, Counting(), max_total_logits=64)
+    verifier = AdaptiveVerifier(3, 3, Linear(), max_total_logits=64)
     for slot in range(3):
         verifier.add_request(slot)
     slots, drafts, non_draft = np.arange(3), np.array([3, 3, 3]), np.ones(3, dtype=int)
@@ -160,38 +173,92 @@ def test_the_budget_reuses_the_gates_search_only_when_its_inputs_are_the_same():
     previous = np.ones((3, 3))  # new slots start at 1.0
     for _ in range(6):
         fresh = rng.uniform(0.05, 0.95, (3, 3))
-        calls = Counting.calls
         verifier.drafting_pays(slots, drafts, non_draft, 3)
         verifier.record(slots, fresh)  # the rows the gate read become the stale ones
         budget = verifier.plan(slots, drafts, non_draft, 3)
-        assert Counting.calls == calls + 1  # one search for the gate and the budget
-        # And it is the seed's answer on the stale confidences.
-        assert budget == choose_draft_budget(previous, drafts, non_draft, 3, Counting(), 64)
+        assert budget == choose_draft_budget(previous, drafts, non_draft, 3, Linear(), 64)
         previous = fresh
-        # Different inputs (one request drafts less): searched again.
-        calls = Counting.calls
-        verifier.plan(slots, np.array([3, 2, 3]), non_draft, 3)
-        assert Counting.calls == calls + 1
 
 
-def test_a_learning_cost_model_invalidates_the_plan_memo():
-    class Versioned:
-        version = 0
-        calls = 0
+def _depth_verifier(depth_ms, confidences, verify_per_token, k=3):
+    """One request recorded once with ``confidences``; the drafter costs ``depth_ms[d]``
+    at depth d (any request count) and verifying T tokens 10 + verify_per_token · T."""
+    from dspark.scheduling import CostTables
+    from dspark.scheduling.cost import ObservedDraftCost
 
-        def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
-            Versioned.calls += 1
-            return 1.0 + 0.01 * np.arange(max_drafts + 1)
+    depth_ms = np.asarray(depth_ms, dtype=float)
+    table = np.repeat(depth_ms[:, None], 3, axis=1)
+    tables = CostTables(
+        draft_ms=table[k].copy(), verify_ms=10.0 + verify_per_token * np.arange(40.0)
+    )
+    verifier = AdaptiveVerifier(2, k, ObservedDraftCost(tables, depth_ms=table), 64)
+    verifier.add_request(0)
+    verifier.record(np.array([0]), np.array([confidences]))
+    return verifier
 
-    cost = Versioned()
-    verifier = AdaptiveVerifier(4, 3, cost, max_total_logits=64)
-    slots = np.arange(2)
+
+def test_drafting_depth_trades_deeper_drafts_against_what_they_cost_to_draft():
+    args = (np.array([0]), np.array([3]), np.array([1]), 1)
+    # Survival 0.9, 0.81, 0.729; verifying T tokens costs 10 + 0.5 T ms.
+    #   no drafter: 1 / 10.5 = 0.0952 tok/ms
+    #   depth 1 (1 ms): 1.9 / 12 = 0.158;  depth 2 (2 ms): 2.71 / 13.5 = 0.2007
+    #   depth 3 (8 ms): 3.439 / 20 = 0.172
+    assert _depth_verifier([0, 1, 2, 8], [0.9] * 3, 0.5).drafting_pays(*args) == 2
+    # Every depth priced as the full block (the seed's model): the deepest plan wins.
+    assert _depth_verifier([0, 8, 8, 8], [0.9] * 3, 0.5).drafting_pays(*args) == 3
+    # A full block that never pays (1 / 10.5 beats 3.439 / 42) can still pay shallow:
+    # depth 1 at 0.5 ms gives 1.9 / 11.5 = 0.165.
+    assert _depth_verifier([0, 0.5, 30, 30], [0.9] * 3, 0.5).drafting_pays(*args) == 1
+
+
+def test_the_budget_prices_the_drafter_at_the_depth_it_drafted():
+    # Survival 0.3, 0.09; verifying T tokens costs 10 + 3 T ms. With the drafter at D ms
+    # two drafts beat one when 1.39 / (D + 19) > 1.3 / (D + 16), i.e. D > 27.3.
+    args = (np.array([0]), np.array([2]), np.array([1]), 1)
+    cheap = _depth_verifier([0, 1, 2, 40], [0.3, 0.3, 0.3], 3.0)
+    cheap.record(np.array([0]), np.array([[0.5] * 3]))  # the first record becomes stale
+    assert cheap.plan(*args) == 1  # drafted 2 deep at 2 ms
+    costly = _depth_verifier([0, 40, 40, 40], [0.3, 0.3, 0.3], 3.0)
+    costly.record(np.array([0]), np.array([[0.5] * 3]))
+    assert costly.plan(*args) == 2  # the same two drafts, but at 40 ms
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_drafting_depth_is_the_best_depth_and_budget_by_brute_force(data):
+    from dspark.scheduling import CostTables
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    k = data.draw(st.integers(1, 4))
+    n = data.draw(st.integers(1, 4))
+    unit = st.floats(0.0, 1.0)
+    confidences = np.array(
+        data.draw(st.lists(st.lists(unit, min_size=k, max_size=k), min_size=n, max_size=n))
+    )
+    steps = data.draw(st.lists(st.floats(0.0, 5.0), min_size=k, max_size=k))
+    depth_ms = np.concatenate([[0.0], np.cumsum(steps)])
+    table = np.repeat(depth_ms[:, None], n + 1, axis=1)
+    per_token = data.draw(st.floats(0.01, 3.0))
+    verify = 5.0 + per_token * np.arange(n * (k + 1) + 1.0)
+    tables = CostTables(draft_ms=table[k].copy(), verify_ms=verify)
+    verifier = AdaptiveVerifier(n, k, ObservedDraftCost(tables, depth_ms=table), 1000)
+    slots = np.arange(n)
     for slot in slots:
-        verifier.add_request(slot)
-    args = (slots, np.full(2, 3), np.ones(2, dtype=np.int64), 2)
-    verifier.plan(*args)
-    verifier.plan(*args)
-    assert Versioned.calls == 1  # same inputs, same model: the search ran once
-    cost.version = 1
-    verifier.plan(*args)
-    assert Versioned.calls == 2
+        verifier.add_request(int(slot))
+    verifier.record(slots, confidences)
+    chosen = verifier.drafting_pays(slots, np.full(n, k), np.ones(n, dtype=int), n)
+
+    survival = np.cumprod(confidences, axis=1)
+    rates = {}
+    for depth in range(1, k + 1):
+        ranked = np.sort(survival[:, :depth].ravel())[::-1]
+        for b in range(1, ranked.shape[0] + 1):
+            rates[depth, b] = (n + ranked[:b].sum()) / (depth_ms[depth] + verify[n + b])
+    without = n / verify[n]
+    best = max(rates.values())
+    if chosen == 0:
+        assert best <= without * (1 + 1e-9)
+    else:
+        mine = max(rate for (depth, _), rate in rates.items() if depth == chosen)
+        assert mine > without
+        assert mine >= best * (1 - 1e-9)

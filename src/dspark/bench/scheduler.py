@@ -2,13 +2,13 @@
 
 Times, per call and at several batch sizes (K = 7), the budget (``choose_draft_budget``),
 a plain port of the seed's host-side budget on the same inputs, the allocation
-(``allocate_drafts``), the ``AdaptiveVerifier`` plan alone (``verifier_plan``: a full
-search every call, as after each ``record``; the memo that lets the budget reuse the
-gate's search is cleared first) and its engine path (``verifier_step``: record + plan +
-allocate), and the torch allocation (CPU, or CUDA with events). Inputs are realistic:
-per-position acceptance from the published DSpark figures with per-request spread, and
-seed-style cost tables built from the measured H200 surface at 8k context. Prints a
-table and writes JSON and a PNG.
+(``allocate_drafts``), the ``AdaptiveVerifier`` plan alone (``verifier_plan``), the
+drafting-depth decision taken before the drafter runs (``drafting_depth``:
+``drafting_pays``, every depth priced), the verifier's engine path (``verifier_step``:
+record + plan + allocate), and the torch allocation (CPU, or CUDA with events). Inputs
+are realistic: per-position acceptance from the published DSpark figures with
+per-request spread, and seed-style cost tables built from the measured H200 surface at
+8k context. Prints a table and writes JSON and a PNG.
 """
 
 from __future__ import annotations
@@ -174,10 +174,10 @@ def bench_size(config: BenchConfig, num_reqs: int, tables: CostTables) -> SizeRe
         return verifier.allocate(slots, b.num_drafts, budget)
 
     def plan_only(b: Batch) -> int:
-        # Every call here has the same inputs (the verifier's stale table does not
-        # change), so the plan memo would answer all but the first: forget it.
-        verifier._last_plan = None
         return verifier.plan(slots, b.num_drafts, b.num_non_draft, num_reqs)
+
+    def drafting_depth(b: Batch) -> int:
+        return verifier.drafting_pays(slots, b.num_drafts, b.num_non_draft, num_reqs)
 
     # The allocation places the budget the plan chose (when it admits every draft, the
     # allocation is skipped in the engine, so time the largest smaller budget instead).
@@ -190,6 +190,7 @@ def bench_size(config: BenchConfig, num_reqs: int, tables: CostTables) -> SizeRe
         "seed_budget": seed,
         "allocate": lambda b: allocate_drafts(b.fresh, b.num_drafts, allocation_budget[id(b)]),
         "verifier_plan": plan_only,
+        "drafting_depth": drafting_depth,
         "verifier_step": engine_step,
     }
     if config.breakdown:

@@ -1,7 +1,9 @@
 """``dspark bench``: no speculation vs every fixed K vs adaptive verification, across load.
 
 A closed loop per concurrency level: that many requests are in flight at all times (a
-finished one is replaced by the next prompt) until the level's requests are done. Every
+finished one is replaced by the next prompt) until the level's requests are done, after
+a shorter warm-up loop on other prompts at the same level (graphs captured, adaptive step
+costs measured: the steady state of a serving engine). Every
 configuration runs the same held-out prompts on the same engine settings with the same
 drafter (by default the shipped DSpark drafter of the model, else n-gram). Repeats are
 interleaved (repeat 1 of every configuration, then repeat 2, ...) so that drifts of the
@@ -65,6 +67,7 @@ class Measurement:
     schedule_share: float  # adaptive: budget + allocation time / wall time
     step_ms: float = 0.0  # wall time per engine step
     schedule_us_per_step: float = 0.0  # adaptive: budget + allocation per step
+    graph_captures: int = 0  # CUDA graphs captured while measuring (after the warm-up)
 
 
 def closed_loop(
@@ -94,10 +97,15 @@ def measure(
     prompts: list[list[int]],
     params: SamplingParams,
     concurrency: int,
+    warmup: list[list[int]] | None = None,
 ) -> Measurement:
-    warm = SamplingParams(temperature=0.0, max_tokens=4)
-    closed_loop(engine, prompts[:1], warm, 1)
+    """One closed-loop run of ``prompts``, after a shorter one over ``warmup`` (default:
+    the first prompt) at the same concurrency: a serving engine runs in steady state, with
+    its graphs captured and (adaptive) its step costs measured, and so does the bench."""
+    warm = SamplingParams(temperature=0.0, max_tokens=max(4, params.max_tokens // 4))
+    closed_loop(engine, warmup or prompts[:1], warm, concurrency)
     engine.stats.__init__()
+    captures = engine.num_captures()
     finished, seconds = closed_loop(engine, prompts, params, concurrency)
     failed = [r for r in finished if r.error]
     if failed:
@@ -127,6 +135,7 @@ def measure(
         schedule_share=sum(stats.schedule_ms) / (seconds * 1e3),
         step_ms=seconds * 1e3 / max(stats.num_steps, 1),
         schedule_us_per_step=sum(stats.schedule_ms) * 1e3 / max(stats.num_steps, 1),
+        graph_captures=engine.num_captures() - captures,
     )
 
 
@@ -168,8 +177,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace",
         default=None,
-        help="with --shape: acceptance trace (.npz from AcceptanceTrace.save); default: "
-        "the shipped SmolLM2 drafter trace on held-out ShareGPT",
+        help="with --shape: acceptance trace (.npz from AcceptanceTrace.save), or "
+        "published:DOMAIN[:DRAFTER] (chat, math or code; synthetic rounds matching the DSpark "
+        "paper's per-position acceptance); default: the shipped SmolLM2 drafter trace on "
+        "held-out ShareGPT",
     )
 
 
@@ -238,7 +249,7 @@ def main(args: argparse.Namespace) -> None:
     replay = None
     if args.shape:
         loaded = random_model(args.shape, dtype=dtype, device=args.device)
-        replay = Replay(random_draft_model(loaded), AcceptanceTrace.load(args.trace))
+        replay = Replay(random_draft_model(loaded), AcceptanceTrace.resolve(args.trace))
         print(
             f"[dspark] {args.shape} with random weights: acceptance is REPLAYED from "
             f"{replay.trace.source} ({replay.trace.acceptance_length:.3f} tokens/round at "
@@ -264,11 +275,12 @@ def main(args: argparse.Namespace) -> None:
     drafter_name = None
     for _, concurrency, setting in tqdm(jobs, desc="bench"):
         count = max(args.min_requests, concurrency * args.requests_per_user)
-        prompts = bench_prompts(tokenizer, args, count + 1)
+        prompts = bench_prompts(tokenizer, args, count + concurrency)
         engine = engine_for(loaded, setting, concurrency, args, replay)
         if engine.drafter is not None:
             drafter_name = type(engine.drafter).__name__
-        result = measure(engine, setting, prompts[1:], params, concurrency)
+        warmup, measured = prompts[:concurrency], prompts[concurrency:]
+        result = measure(engine, setting, measured, params, concurrency, warmup)
         runs.setdefault((setting.label, concurrency), []).append(result)
         del engine
         if args.device.startswith("cuda"):
@@ -290,6 +302,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "schedule_share",
         "step_ms",
         "schedule_us_per_step",
+        "graph_captures",
     ):
         row[key] = float(np.median([getattr(m, key) for m in measurements]))
     for key in ("acceptance_length", "verified_per_round"):
@@ -345,7 +358,7 @@ def report(
     (out / "bench.json").write_text(json.dumps(payload, indent=1))
     title = f"{model}, {args.dataset}, {device}, {dtype}"
     if replay is not None:
-        title += "\nacceptance replayed from the SmolLM2 drafter's trace"
+        title += f"\nacceptance REPLAYED: {replay.trace.source}"
     plot(rows, out / "bench.png", title)
     print(f"[dspark] wrote {out}/bench.json and bench.png")
 

@@ -206,6 +206,9 @@ class LLMEngine:
         self.verifier: AdaptiveVerifier | None = None
         self.gate: ThroughputGate | None = None
         self._gate_step: tuple[int, bool] | None = None  # this step's (requests, drafted)
+        # Adaptive: this step's (requests, non-draft tokens, drafting depth, context) for
+        # a cost model that learns from whole steps (``ObservedDraftCost.record_step``).
+        self._priced_step: tuple[int, int, int, int] | None = None
         self._deferred: list[tuple[list, torch.Tensor]] = []  # held-back context updates
         self._flush_ms = 0.0
         self.round_log: list[tuple[np.ndarray | None, int, int]] | None = None
@@ -240,8 +243,10 @@ class LLMEngine:
             if cost_model is None:
                 from dspark.engine.profiling import profile_engine
 
-                profiled = profile_engine(self, path=self.config.profile_path).tables
-                cost_model = ObservedDraftCost(profiled)
+                profile = profile_engine(self, path=self.config.profile_path)
+                cost_model = ObservedDraftCost(
+                    profile.tables, depth_ms=profile.depth_costs(), num_positions=config.num_drafts
+                )
             self.gate = ThroughputGate() if config.throughput_gate else None
             self.verifier = AdaptiveVerifier(
                 config.max_num_seqs,
@@ -336,8 +341,8 @@ class LLMEngine:
         if not chunks:
             return []
         phase = step_start = time.perf_counter()
-        generated, captures = self.stats.num_generated, self._num_captures()
-        self._gate_step = None
+        generated, captures = self.stats.num_generated, self.num_captures()
+        self._gate_step = self._priced_step = None
         self._flush_ms = 0.0  # held-back upkeep run in this step (other steps' work)
         drafts, draft_probs = self._draft(chunks)
         self.stats.draft_phase_ms.append((time.perf_counter() - phase) * 1e3)
@@ -374,11 +379,17 @@ class LLMEngine:
         if not self.scheduler.running:
             self._deferred.clear()  # held-back updates of requests that all finished
         # A step that captured a graph is not a typical step of its kind: not timed.
-        if self.gate is not None and self._gate_step and self._num_captures() == captures:
+        if self._gate_step and self.num_captures() == captures:
             num_reqs, drafted = self._gate_step
-            tokens = self.stats.num_generated - generated
-            wall_ms = (end - step_start) * 1e3 - self._flush_ms
-            self.gate.record(num_reqs, drafted, tokens, max(wall_ms, 1e-3))
+            wall_ms = max((end - step_start) * 1e3 - self._flush_ms, 1e-3)
+            if self.gate is not None:
+                tokens = self.stats.num_generated - generated
+                self.gate.record(num_reqs, drafted, tokens, wall_ms)
+            record_step = getattr(self.verifier.cost_model, "record_step", None)
+            num_reqs, num_tokens, depth, context = self._priced_step
+            if record_step is not None and num_tokens == num_reqs:  # decoding steps only
+                admitted = sum(len(extra) for extra in drafts)
+                record_step(num_reqs, num_tokens, admitted, depth, wall_ms, context)
         return touched
 
     def forward(
@@ -418,7 +429,8 @@ class LLMEngine:
         )
         return [hidden, *captured]
 
-    def _num_captures(self) -> int:
+    def num_captures(self) -> int:
+        """CUDA graphs captured so far by every padded-step runner (target and drafter)."""
         return sum(runner.num_captures for runner in self._runners)
 
     def _draft(self, chunks: list[ScheduledChunk]) -> tuple[list[list[int]], list]:
@@ -442,15 +454,20 @@ class LLMEngine:
         flush_start = time.perf_counter()
         self._flush_upkeep()  # the drafter's context must be complete before it drafts
         self._flush_ms = (time.perf_counter() - flush_start) * 1e3
-        captures = self._num_captures()
+        captures = self.num_captures()
         start = self._clock()
         proposal: Proposal = self.drafter.propose([chunks[i].request for i in decode_index], limits)
         drafter_ms = self._clock() - start
         self.stats.drafter_ms.append(drafter_ms)
         cost_model = None if batch is None else self.verifier.cost_model
         # A proposal that captured a graph is no measure of drafting's price.
-        if isinstance(cost_model, ObservedDraftCost) and self._num_captures() == captures:
-            cost_model.record(len(chunks), drafter_ms)
+        depth = int(limits.max())
+        if (
+            isinstance(cost_model, ObservedDraftCost)
+            and depth > 0
+            and self.num_captures() == captures
+        ):
+            cost_model.record(len(chunks), drafter_ms, depth)
         for row, (i, proposed, limit) in enumerate(
             zip(decode_index, proposal.tokens, limits, strict=True)
         ):
@@ -498,6 +515,7 @@ class LLMEngine:
         if depth and self.gate is not None and not self.gate.should_draft(num_reqs):
             depth = 0  # measured: undrafted steps emit more tokens per ms at this size
         self._gate_step = (num_reqs, depth > 0)
+        self._priced_step = (num_reqs, int(batch.non_draft.sum()), depth, batch.context)
         if depth == 0:
             self.verifier.relax(batch.slots[batch.decode_index])
         self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3 + batch.host_ms)
@@ -618,7 +636,9 @@ class LLMEngine:
             items = [(r, start, count, r.num_preemptions) for r, start, _, count in kept]
             self._deferred.append((items, selected))
             if len(self._deferred) >= DEFER_LIMIT:
-                self._flush_upkeep()
+                start = time.perf_counter()
+                self._flush_upkeep()  # other steps' work: not this step's price
+                self._flush_ms += (time.perf_counter() - start) * 1e3
             return
         self._flush_upkeep()  # anything held back goes first, in order
         self.drafter.observe(

@@ -13,7 +13,7 @@ profiled points (``cudagraph_limit = 1``).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,15 +28,25 @@ from dspark.scheduling import (
     CostTables,
     StepTiming,
     build_cost_tables,
+    build_depth_costs,
     cost_curves,
     profile_sizes,
 )
+from dspark.scheduling.profiling import median_curve
 
 if TYPE_CHECKING:
     from dspark.engine.engine import LLMEngine
 
 EAGER_CAPTURE_SIZES = [1]
-PROFILE_FORMAT = 2  # 2: the LM head runs on every row (1 priced only the last row)
+# 2: the LM head runs on every row (1 priced only the last row); 3: the drafter is also
+# timed at shallower depths (``draft_depth_samples``).
+PROFILE_FORMAT = 3
+
+
+def profiled_depths(num_drafts: int) -> list[int]:
+    """Drafting depths timed besides the full K: one position, and half the block (the
+    cost in between and around is interpolated, ``build_depth_costs``)."""
+    return sorted({1, (num_drafts + 1) // 2} - {num_drafts})
 
 
 @dataclass
@@ -50,6 +60,9 @@ class EngineProfile:
     device: str
     dtype: str
     format: int = 1  # files written before the field existed are format 1
+    num_drafts: int = 0  # K the drafter was timed at (0: no drafter)
+    # (num_reqs, depth, drafter ms) for depths shallower than K (``profiled_depths``).
+    draft_depth_samples: list[tuple[int, int, float]] = field(default_factory=list)
 
     @property
     def tables(self) -> CostTables:
@@ -57,6 +70,19 @@ class EngineProfile:
         return build_cost_tables(
             draft, verify, self.max_num_seqs, self.max_num_batched_tokens, self.cudagraph_limit
         )
+
+    def depth_costs(self) -> np.ndarray | None:
+        """``[K + 1, max_num_seqs + 1]`` drafter cost by drafting depth, or None when the
+        drafter was timed at full depth only."""
+        if not self.draft_depth_samples or self.num_drafts < 1:
+            return None
+        full, _ = cost_curves(self.samples)
+        grouped: dict[int, list[tuple[int, float]]] = {}
+        for num_reqs, depth, ms in self.draft_depth_samples:
+            grouped.setdefault(int(depth), []).append((int(num_reqs), float(ms)))
+        curves = {depth: median_curve(points) for depth, points in grouped.items()}
+        curves[self.num_drafts] = full
+        return build_depth_costs(curves, self.num_drafts, self.max_num_seqs, self.cudagraph_limit)
 
     def save(self, path: Path) -> None:
         payload = asdict(self)
@@ -83,6 +109,7 @@ class EngineProfile:
             and self.device == engine.device.type
             and self.dtype == str(engine.dtype)
             and self.cudagraph_limit == captured_sizes(engine)[-1]
+            and self.num_drafts == (config.num_drafts if engine.drafter is not None else 0)
         )
 
 
@@ -98,16 +125,21 @@ def profile_engine(
     samples = []
     rng = np.random.default_rng(0)
     capture_sizes = captured_sizes(engine)
+    num_drafts = config.num_drafts if engine.drafter is not None else 0
+    depths = [num_drafts, *profiled_depths(num_drafts)] if num_drafts else []
+    depth_samples: list[tuple[int, int, float]] = []
     for size in profile_sizes(capture_sizes, config.max_num_batched_tokens):
         num_reqs = min(size, config.max_num_seqs)
         query = np.full(num_reqs, size // num_reqs)
         query[: size % num_reqs] += 1
         context = min(profile_context, engine.max_model_len - int(query.max()))
         if engine.graphs is not None:  # capture the shape before timing its replays
-            _dummy_step(engine, query, context, rng)
+            _dummy_step(engine, query, context, rng, depths)
         for _ in range(PROFILE_REPLAYS):
-            forward_ms, drafter_ms = _dummy_step(engine, query, context, rng)
-            samples.append(StepTiming(num_reqs, size, forward_ms, drafter_ms, True))
+            forward_ms, drafter_ms = _dummy_step(engine, query, context, rng, depths)
+            full = drafter_ms.get(num_drafts, 0.0)
+            samples.append(StepTiming(num_reqs, size, forward_ms, full, True))
+            depth_samples += [(num_reqs, d, ms) for d, ms in drafter_ms.items() if d != num_drafts]
     profile = EngineProfile(
         samples,
         config.max_num_seqs,
@@ -118,6 +150,8 @@ def profile_engine(
         engine.device.type,
         str(engine.dtype),
         PROFILE_FORMAT,
+        num_drafts,
+        depth_samples,
     )
     if path is not None:
         profile.save(Path(path))
@@ -132,8 +166,14 @@ def captured_sizes(engine: LLMEngine) -> list[int]:
 
 @torch.inference_mode()
 def _dummy_step(
-    engine: LLMEngine, query: np.ndarray, context: int, rng: np.random.Generator
-) -> tuple[float, float]:
+    engine: LLMEngine,
+    query: np.ndarray,
+    context: int,
+    rng: np.random.Generator,
+    depths: list[int],
+) -> tuple[float, dict[int, float]]:
+    """One dummy verify step (ms) and the drafter's proposal over the same requests at
+    each drafting depth in ``depths`` (ms by depth)."""
     cache = engine.cache
     tables = [BlockTable() for _ in query]
     try:
@@ -150,8 +190,8 @@ def _dummy_step(
         hidden, _ = engine.forward(tables, np.full(len(query), context), query, tokens)
         engine.model.logits(hidden)  # a verify step samples every row it computes
         forward_ms = engine._clock() - start
-        drafter_ms = 0.0
-        if engine.drafter is not None:
+        drafter_ms: dict[int, float] = {}
+        if engine.drafter is not None and depths:
             dummies = [
                 # Greedy: sampling requests add per-request work in the drafter that a
                 # greedy workload never pays (SamplingParams() samples at temperature 1).
@@ -163,9 +203,10 @@ def _dummy_step(
                 for dummy in dummies:  # a drafter with a context cache: pretend it is full
                     if prepare is not None:
                         prepare(dummy)
-                start = engine._clock()
-                engine.drafter.propose(dummies, np.full(len(query), engine.config.num_drafts))
-                drafter_ms = engine._clock() - start
+                for depth in depths:  # proposing reads the drafter's context, never moves it
+                    start = engine._clock()
+                    engine.drafter.propose(dummies, np.full(len(query), depth))
+                    drafter_ms[depth] = engine._clock() - start
             finally:
                 for dummy in dummies:
                     engine.drafter.on_finished(dummy)

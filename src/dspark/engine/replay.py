@@ -81,6 +81,75 @@ class AcceptanceTrace:
         return cls(confidences.astype(np.float32), accepted, f"{source}, {split} split")
 
     @classmethod
+    def from_published(
+        cls,
+        domain: str = "chat",
+        drafter: str = "dspark",
+        num_rounds: int = 20_000,
+        spread: float = 1.0,
+        seed: int = 0,
+    ) -> AcceptanceTrace:
+        """Synthetic rounds matching published per-position acceptance.
+
+        The DSpark paper (Figure 2, shipped in ``published_acceptance.json``) gives the
+        acceptance of position k given positions 1..k-1 were accepted, per domain
+        (``math``, ``code``, ``chat``) and drafter (``dspark``, ``dflash``, ``eagle3``). It
+        gives no per-round spread, so one is assumed: each round draws a difficulty
+        ``z ~ N(0, spread²)`` on the logit scale, position k is accepted (given the earlier
+        ones) with probability ``sigmoid(c_k + z)``, and that probability is the round's
+        confidence (a perfectly calibrated drafter). The offsets ``c_k`` are solved so
+        that, among the rounds that reach position k, the mean acceptance is the
+        published rate. ``spread`` 0 gives every round the same confidences.
+        """
+        from dspark.resources import PUBLISHED_ACCEPTANCE, load_json
+
+        table = load_json(PUBLISHED_ACCEPTANCE)["conditional_acceptance_per_position"]
+        if domain not in table or domain in ("source", "positions"):
+            domains = [d for d in table if d not in ("source", "positions")]
+            raise ValueError(f"domain must be one of {domains}, got {domain!r}")
+        if drafter not in table[domain]:
+            raise ValueError(f"drafter must be one of {sorted(table[domain])}, got {drafter!r}")
+        if num_rounds < 1 or spread < 0:
+            raise ValueError(
+                f"num_rounds must be positive and spread non-negative, got {num_rounds}, {spread}"
+            )
+        rates = np.asarray(table[domain][drafter], dtype=np.float64)
+        rng = np.random.default_rng(seed)
+        z = rng.normal(0.0, spread, num_rounds)
+        uniforms = rng.random((num_rounds, rates.shape[0]))
+        confidences = np.empty((num_rounds, rates.shape[0]))
+        alive = np.ones(num_rounds, dtype=bool)
+        accepted = np.zeros(num_rounds, dtype=np.int64)
+        for k, rate in enumerate(rates):
+            reaching = z[alive] if alive.any() else z
+            low, high = -30.0, 30.0  # bisection on c_k: mean acceptance rises with it
+            for _ in range(60):
+                mid = (low + high) / 2
+                if np.mean(1.0 / (1.0 + np.exp(-(mid + reaching)))) < rate:
+                    low = mid
+                else:
+                    high = mid
+            confidences[:, k] = 1.0 / (1.0 + np.exp(-(low + z)))
+            alive &= uniforms[:, k] < confidences[:, k]
+            accepted += alive
+        source = (
+            f"synthetic rounds from the published {drafter} {domain} per-position acceptance "
+            f"(DSpark paper, Fig. 2), logit spread {spread:g}"
+        )
+        return cls(confidences.astype(np.float32), accepted, source)
+
+    @classmethod
+    def resolve(cls, spec: str | None) -> AcceptanceTrace:
+        """``None``: the shipped SmolLM2 trace; ``published:DOMAIN[:DRAFTER]``: synthetic
+        rounds from published rates (``from_published``); anything else: a saved trace."""
+        if spec and spec.startswith("published:"):
+            parts = spec.split(":")[1:]
+            if not 1 <= len(parts) <= 2 or not parts[0]:
+                raise ValueError(f"expected published:DOMAIN[:DRAFTER], got {spec!r}")
+            return cls.from_published(*parts)
+        return cls.load(spec)
+
+    @classmethod
     def load(cls, path: str | Path | None = None) -> AcceptanceTrace:
         """A trace saved with ``save`` (None: the one shipped with dspark, recorded by the
         SmolLM2-135M drafter on held-out ShareGPT prompts)."""

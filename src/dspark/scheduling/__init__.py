@@ -15,6 +15,7 @@ from dspark.scheduling.cost import (
     ObservedDraftCost,
     StepCostModel,
     build_cost_tables,
+    build_depth_costs,
 )
 from dspark.scheduling.gate import ThroughputGate
 from dspark.scheduling.layout import upper_bound_split, verification_layout
@@ -36,6 +37,7 @@ __all__ = [
     "ThroughputGate",
     "allocate_drafts",
     "build_cost_tables",
+    "build_depth_costs",
     "choose_draft_budget",
     "cost_curves",
     "profile_sizes",

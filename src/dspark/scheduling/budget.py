@@ -37,6 +37,9 @@ from dspark.scheduling.survival import (
     survival_by_position,
 )
 
+# Step costs corrected by measurement (possibly downwards) are floored here.
+_MIN_COST_MS = 1e-6
+
 # Bins are sorted when their bound is within this relative distance of the best
 # boundary, so that rounding in the bin sums never hides the true optimum.
 _BOUND_SLACK = 1e-12
@@ -59,6 +62,44 @@ def best_budget(scores: np.ndarray, cap: int, num_sampling: int, costs: np.ndarr
     if scores.shape[0] <= SORT_MAX_SLOTS:
         return _best_budget_sorted(scores, cap, num_sampling, costs)
     return _best_budget_binned(scores, cap, num_sampling, costs)
+
+
+def best_drafting_depth(
+    survival: np.ndarray, verify_ms: np.ndarray, num_sampling: int, draft_ms: np.ndarray
+) -> int:
+    """The drafting depth whose best budget expects the most tokens per millisecond.
+
+    ``survival`` is ``[num_reqs, K]`` (unscheduled positions zero), ``verify_ms`` the
+    target's step cost with ``b`` drafts for ``b = 0..cap`` and ``draft_ms`` ``[K + 1]``
+    what drafting ``d`` deep adds to it (``draft_ms[0]``: what an undrafted step adds,
+    usually 0). Depth ``d`` may verify only positions ``< d``: its best plan is the top-b
+    of those, at ``(num_sampling + gain) / (draft_ms[d] + verify_ms[b])``. Returns 0 when
+    no plan beats ``num_sampling / (draft_ms[0] + verify_ms[0])`` (no drafter), else the
+    depth of the best plan; ties go to the shallower depth.
+
+    One descending sort serves every depth: the sorted scores of depth ``d`` are the
+    sorted scores of all depths with the deeper positions left out.
+    """
+    num_reqs, k = survival.shape
+    cap = verify_ms.shape[0] - 1
+    best_rate = num_sampling / max(float(verify_ms[0] + draft_ms[0]), _MIN_COST_MS)
+    if cap == 0 or num_reqs == 0:
+        return 0
+    flat = survival.ravel()
+    order = flat.argsort()[::-1]
+    scores = flat.take(order)
+    positions = order % k
+    best_depth = 0
+    for depth in range(1, k + 1):
+        ranked = scores if depth == k else scores.compress(positions < depth)
+        ranked = ranked[:cap]
+        rates = np.add.accumulate(ranked)
+        rates += num_sampling
+        rates /= np.maximum(verify_ms[1 : ranked.shape[0] + 1] + draft_ms[depth], _MIN_COST_MS)
+        top = int(rates.argmax())
+        if rates[top] > best_rate:
+            best_rate, best_depth = float(rates[top]), depth
+    return best_depth
 
 
 def _best_budget_sorted(scores: np.ndarray, cap: int, num_sampling: int, costs: np.ndarray) -> int:

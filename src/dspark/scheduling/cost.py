@@ -7,7 +7,9 @@ token count and context length) implements the same method and plugs in unchange
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -15,6 +17,9 @@ import numpy as np
 
 VERIFY_FLOOR_MS = 1e-6
 """Verify costs are floored above zero so that the gain/cost ratio is always defined."""
+
+OVERHEAD_WINDOW = 16
+"""Steps per request-count bucket (drafted and undrafted apart) behind a measured overhead."""
 
 
 @runtime_checkable
@@ -52,9 +57,9 @@ class CostTables:
             )
         return self.draft_ms[num_reqs] + self.verify_ms[num_tokens:end]
 
-    def draft_cost_ms(self, num_reqs: int) -> float:
+    def draft_cost_ms(self, num_reqs: int, depth: int | None = None) -> float:
         """The drafter's share of a step with ``num_reqs`` requests (paid whenever it runs,
-        whatever the budget)."""
+        whatever the budget; the seed prices every ``depth`` as the full block)."""
         return float(self.draft_ms[min(num_reqs, self.draft_ms.shape[0] - 1)])
 
     @property
@@ -137,44 +142,195 @@ def build_cost_tables(
     return CostTables(draft_ms=draft, verify_ms=verify)
 
 
-class ObservedDraftCost:
-    """A cost model whose drafter share follows what drafting really costs the engine.
+def build_depth_costs(
+    curves: Mapping[int, Sequence[tuple[int, float]]],
+    num_positions: int,
+    max_num_reqs: int,
+    cudagraph_limit: int = 0,
+) -> np.ndarray:
+    """The drafter's cost by drafting depth: ``[num_positions + 1, max_num_reqs + 1]``.
 
-    Start-up profiling times the drafter's block pass alone; a real step also pays for
-    what surrounds it (updating the drafter's context with the kept positions, sampling
-    the drafts, host work per request), which on a GPU can exceed the pass itself. Each
-    drafted step reports its measured drafting time with ``record``; the drafter's cost
-    at ``n`` requests is then the larger of the profiled one and an exponential average
-    of the measurements at ``n`` (or, for a count never measured, the profiled cost
-    scaled by the ratio measured at the nearest count). Verify costs are the base
-    model's. Timings depend on no draft token, so decisions stay lossless.
+    ``curves[d]`` is the profiled ``(num_reqs, ms)`` curve of drafting ``d`` positions per
+    request; each becomes a dense row as the seed's draft table does (``build_cost_tables``).
+    Depths between profiled ones interpolate linearly (a block drafter's pass is paid
+    once, then each position adds one head over the batch), depths below the shallowest
+    profiled one cost what it costs, and depths past the deepest one what that costs.
+    A deeper draft never costs less. Row 0 (no drafting) is zero.
+    """
+    if num_positions < 1:
+        raise ValueError(f"num_positions (K) must be positive, got {num_positions}")
+    depths = sorted(int(d) for d in curves)
+    if not depths or depths[0] < 1 or depths[-1] > num_positions:
+        raise ValueError(
+            f"curves must be keyed by drafting depths in 1..{num_positions}, got {depths}"
+        )
+    rows = np.stack(
+        [
+            np.maximum(
+                _cost_table(
+                    *_check_curve(f"curves[{d}]", curves[d]), max_num_reqs, cudagraph_limit
+                ),
+                0.0,
+            )
+            for d in depths
+        ]
+    )  # [len(depths), max_num_reqs + 1]
+    table = np.zeros((num_positions + 1, max_num_reqs + 1))
+    wanted = np.arange(1, num_positions + 1)
+    for n in range(max_num_reqs + 1):
+        table[1:, n] = np.interp(wanted, depths, rows[:, n])
+    np.maximum.accumulate(table, axis=0, out=table)
+    table.flags.writeable = False
+    return table
+
+
+class ObservedDraftCost:
+    """A cost model that follows drafting depth and what steps really cost the engine.
+
+    Start-up profiling times the target's forward and the drafter's proposal alone, at
+    one context length; a real step also pays for what surrounds them (updating the
+    drafter's context with the kept positions, verifying and emitting tokens, host work
+    per request), which on a GPU can exceed the passes themselves. Two corrections, both
+    from measurements:
+
+    * ``record``: each drafted step's measured proposal time. The profiled drafter cost
+      at ``n`` requests is scaled by an exponential average of measured / profiled at
+      ``n`` (or at the nearest count measured), never below 1: the profile is a floor.
+    * ``record_step``: each whole decoding step's wall time against the price above.
+      What the price missed (the drafter's context update, verification, host work) is
+      kept per power-of-two bucket of the request count, for undrafted and drafted
+      steps apart, the drafted ones as a line in the drafting depth (depths not yet
+      drafted are extrapolated: flat until two depths were measured), and added to the
+      drafter's share (``overhead_ms``; an undrafted step's shows as depth 0 of
+      ``draft_costs_by_depth``).
+
+    ``depth_ms`` (``build_depth_costs``) prices drafting ``d < K`` positions per request:
+    the drafter's sequential heads stop at the deepest draft any request may verify, so
+    a shallow step costs less, and ``AdaptiveVerifier.drafting_pays`` chooses the depth
+    with the budget. Without it every depth costs the full block (the seed's model).
+    Timings depend on no draft token, so decisions stay lossless.
     """
 
-    def __init__(self, base: CostTables, decay: float = 0.8) -> None:
+    def __init__(
+        self,
+        base: CostTables,
+        decay: float = 0.8,
+        depth_ms: np.ndarray | None = None,
+        num_positions: int | None = None,
+    ) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
+        if depth_ms is not None:
+            depth_ms = np.asarray(depth_ms, dtype=np.float64)
+            if depth_ms.ndim != 2 or depth_ms.shape[0] < 2 or depth_ms.shape[1] < 1:
+                raise ValueError(
+                    "depth_ms must be [K + 1, max_num_reqs + 1] (build_depth_costs), got "
+                    f"shape {depth_ms.shape}"
+                )
+            if not np.isfinite(depth_ms).all() or (depth_ms < 0).any():
+                raise ValueError("depth_ms must hold finite non-negative costs")
+            num_positions = depth_ms.shape[0] - 1
         self.base = base
         self.decay = decay
-        self._observed: dict[int, float] = {}
-        self.version = 0  # changes with every measurement (plans priced before are stale)
+        self.depth_ms = depth_ms
+        self.num_positions = num_positions  # K: the depth of a full block (None: unknown)
+        self._ratio: dict[int, float] = {}  # measured / profiled, by request count
+        # By (request-count bucket, undrafted): recent (depth, ms the price missed), and
+        # the (intercept, slope in the depth) they give.
+        self._missed: dict[tuple[int, bool], deque] = {}
+        self._overhead: dict[tuple[int, bool], tuple[float, float]] = {}
 
-    def record(self, num_reqs: int, drafting_ms: float) -> None:
+    def _profiled(self, num_reqs: int, depth: int | None) -> float:
+        table = self.depth_ms
+        if depth is None or table is None:
+            return self.base.draft_cost_ms(num_reqs)
+        depth = min(max(int(depth), 0), table.shape[0] - 1)
+        return float(table[depth, min(num_reqs, table.shape[1] - 1)])
+
+    def record(self, num_reqs: int, drafting_ms: float, depth: int | None = None) -> None:
+        """A drafted step of ``num_reqs`` requests took ``drafting_ms`` drafting ``depth``
+        positions per request (None: the full block)."""
         if not np.isfinite(drafting_ms) or drafting_ms < 0:
             raise ValueError(f"drafting_ms must be a finite non-negative time, got {drafting_ms}")
-        self.version += 1
-        old = self._observed.get(num_reqs)
-        self._observed[num_reqs] = (
-            drafting_ms if old is None else self.decay * old + (1 - self.decay) * drafting_ms
+        ratio = drafting_ms / max(self._profiled(num_reqs, depth), 1e-9)
+        old = self._ratio.get(num_reqs)
+        self._ratio[num_reqs] = (
+            ratio if old is None else self.decay * old + (1 - self.decay) * ratio
         )
 
-    def draft_cost_ms(self, num_reqs: int) -> float:
-        profiled = self.base.draft_cost_ms(num_reqs)
-        observed = self._observed.get(num_reqs)
-        if observed is None and self._observed:
-            nearest = min(self._observed, key=lambda n: abs(n - num_reqs))
-            scale = self._observed[nearest] / max(self.base.draft_cost_ms(nearest), 1e-9)
-            observed = profiled * scale
-        return profiled if observed is None else max(profiled, observed)
+    def _scale(self, num_reqs: int) -> float:
+        """Measured over profiled drafting time at ``num_reqs`` (or the nearest count
+        measured), never below 1."""
+        if not self._ratio:
+            return 1.0
+        ratio = self._ratio.get(num_reqs)
+        if ratio is None:
+            ratio = self._ratio[min(self._ratio, key=lambda n: abs(n - num_reqs))]
+        return max(1.0, ratio)
+
+    def overhead_ms(self, num_reqs: int, depth: int | None) -> float:
+        """What steps of about ``num_reqs`` requests drafted ``depth`` deep (0: undrafted,
+        None: the full block) cost beyond their profiled price (0 until measured)."""
+        fit = self._overhead.get((int(num_reqs).bit_length(), depth == 0))
+        if fit is None:
+            return 0.0
+        depth = self.num_positions if depth is None else depth
+        intercept, slope = fit
+        return intercept + slope * (depth or 0)
+
+    def record_step(
+        self,
+        num_reqs: int,
+        num_tokens: int,
+        num_drafts: int,
+        depth: int,
+        wall_ms: float,
+        context_tokens: int = 0,
+    ) -> None:
+        """A whole step of ``num_reqs`` decoding requests (prompt chunks priced by the
+        profile alone are not recorded), ``num_tokens`` non-draft tokens and
+        ``num_drafts`` admitted drafts, drafted ``depth`` deep (0: undrafted), took
+        ``wall_ms``; the difference from its profiled price feeds ``overhead_ms``: per
+        request-count bucket, the median of the last ``OVERHEAD_WINDOW`` undrafted steps,
+        and a least-squares line in the depth through the last drafted ones."""
+        if not np.isfinite(wall_ms) or wall_ms < 0:
+            raise ValueError(f"wall_ms must be a finite non-negative time, got {wall_ms}")
+        if depth < 0 or num_drafts < 0 or (depth == 0 and num_drafts):
+            raise ValueError(f"a step drafted {depth} deep cannot admit {num_drafts} drafts")
+        costs = self.base.step_costs_ms(num_reqs, num_tokens, num_drafts, context_tokens)
+        price = float(costs[num_drafts]) - self.base.draft_cost_ms(num_reqs)
+        if depth:
+            price += self._profiled(num_reqs, depth) * self._scale(num_reqs)
+        key = (int(num_reqs).bit_length(), depth == 0)
+        window = self._missed.setdefault(key, deque(maxlen=OVERHEAD_WINDOW))
+        window.append((depth, wall_ms - price))
+        self._overhead[key] = _depth_line(window)
+
+    def draft_cost_ms(self, num_reqs: int, depth: int | None = None) -> float:
+        """The drafter's share of a step with ``num_reqs`` requests drafting ``depth``
+        positions each (None: the full block), measured overheads included."""
+        profiled = self._profiled(num_reqs, depth) * self._scale(num_reqs)
+        return profiled + self.overhead_ms(num_reqs, depth)
+
+    def draft_costs_by_depth(self, num_reqs: int, num_positions: int) -> np.ndarray:
+        """``[num_positions + 1]``: ``draft_cost_ms(num_reqs, d)`` for ``d = 1..K``, and
+        at 0 what an undrafted step costs beyond its profiled price."""
+        if self.depth_ms is None:
+            costs = np.full(num_positions + 1, self._profiled(num_reqs, None))
+        else:
+            table = self.depth_ms
+            depths = np.minimum(np.arange(num_positions + 1), table.shape[0] - 1)
+            costs = table[depths, min(num_reqs, table.shape[1] - 1)].copy()
+        costs *= self._scale(num_reqs)
+        costs[0] = 0.0
+        bucket = int(num_reqs).bit_length()
+        drafted = self._overhead.get((bucket, False))
+        if drafted is not None:
+            costs[1:] += drafted[0] + drafted[1] * np.arange(1, num_positions + 1)
+        undrafted = self._overhead.get((bucket, True))
+        if undrafted is not None:
+            costs[0] += undrafted[0]
+        return costs
 
     def step_costs_ms(
         self, num_reqs: int, num_tokens: int, max_drafts: int, context_tokens: int = 0
@@ -182,3 +338,18 @@ class ObservedDraftCost:
         costs = self.base.step_costs_ms(num_reqs, num_tokens, max_drafts, context_tokens)
         extra = self.draft_cost_ms(num_reqs) - self.base.draft_cost_ms(num_reqs)
         return costs + extra if extra else costs
+
+
+def _depth_line(points: deque) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through ``(depth, ms)`` points; the
+    median and slope 0 when every point has the same depth (a few dozen floats: plain
+    Python is faster here than NumPy's call overhead)."""
+    depths = [d for d, _ in points]
+    values = [v for _, v in points]
+    mean_depth = sum(depths) / len(depths)
+    spread = sum((d - mean_depth) ** 2 for d in depths)
+    if spread == 0.0:
+        return statistics.median(values), 0.0
+    mean = sum(values) / len(values)
+    slope = sum((d - mean_depth) * (v - mean) for d, v in points) / spread
+    return mean - slope * mean_depth, slope

@@ -61,7 +61,7 @@ def profile_sizes(capture_sizes: Sequence[int], max_num_tokens: int) -> list[int
     return sorted(set(sizes) | tail)
 
 
-def _median_curve(points: Iterable[tuple[int, float]]) -> Curve:
+def median_curve(points: Iterable[tuple[int, float]]) -> Curve:
     grouped: defaultdict[int, list[float]] = defaultdict(list)
     for size, ms in points:
         grouped[size].append(ms)
@@ -76,8 +76,8 @@ def cost_curves(samples: Iterable[StepTiming]) -> tuple[Curve, Curve]:
     keyed by target token count and uses every sample.
     """
     samples = list(samples)
-    draft = _median_curve((s.num_reqs, s.drafter_ms) for s in samples if s.full_cudagraph)
-    verify = _median_curve((s.num_target_tokens, s.forward_ms) for s in samples)
+    draft = median_curve((s.num_reqs, s.drafter_ms) for s in samples if s.full_cudagraph)
+    verify = median_curve((s.num_target_tokens, s.forward_ms) for s in samples)
     if not draft or not verify:
         missing = "draft (no full-graph samples)" if not draft else "verify (no samples)"
         raise ValueError(

@@ -42,7 +42,7 @@ from dspark.scheduling._checks import (
     count_total,
 )
 from dspark.scheduling.allocation import admit_top_slots
-from dspark.scheduling.budget import best_budget, draft_cap
+from dspark.scheduling.budget import best_budget, best_drafting_depth, draft_cap
 from dspark.scheduling.cost import StepCostModel
 from dspark.scheduling.survival import running_product, zero_unscheduled
 
@@ -71,10 +71,14 @@ class AdaptiveVerifier:
         self._fresh = np.ones((max_num_slots, num_positions))
         self._stale = np.ones((max_num_slots, num_positions))
         self._is_active = np.zeros(max_num_slots, dtype=bool)
-        self._last_plan: tuple | None = None  # (inputs, survival, budget, costs)
         # Mean survival of recorded rounds (exponential average over record() calls).
-        self._population = np.ones(num_positions)
+        # Mean survival of recorded rounds: an exponential average over record() calls,
+        # bias-corrected (the first record is the mean, not a blend with a prior of 1.0).
+        self._population_sum = np.zeros(num_positions)
+        self._population_weight = 0.0
         self.population_decay = 0.9
+        # Slots whose request has had no round recorded yet (they start at 1.0).
+        self._unrecorded = np.zeros(max_num_slots, dtype=bool)
 
     @property
     def max_num_slots(self) -> int:
@@ -88,6 +92,7 @@ class AdaptiveVerifier:
         self._fresh[slot] = 1.0
         self._stale[slot] = 1.0
         self._is_active[slot] = True
+        self._unrecorded[slot] = True
 
     def remove_request(self, slot: int) -> None:
         """Stop tracking the request in ``slot`` (finished, aborted or preempted)."""
@@ -109,14 +114,21 @@ class AdaptiveVerifier:
         survival = running_product(confidences.T.astype(np.float64, order="C"))  # [K, n]
         self._fresh[slots] = survival.T
         if slots.size:
+            self._unrecorded[slots] = False
             decay = self.population_decay
             mean = np.add.reduce(survival, axis=1) / slots.shape[0]  # [K]
-            self._population = decay * self._population + (1 - decay) * mean
+            self._population_sum = decay * self._population_sum + (1 - decay) * mean
+            self._population_weight = decay * self._population_weight + (1 - decay)
 
     @property
     def population_survival(self) -> np.ndarray:
         """``[K]`` running average of the survival of recorded rounds."""
-        return self._population.copy()
+        return self._population()
+
+    def _population(self) -> np.ndarray:
+        if self._population_weight == 0.0:
+            return np.ones(self.num_positions)  # nothing recorded yet: the seed's prior
+        return self._population_sum / self._population_weight
 
     def relax(self, slots: np.ndarray, weight: float = 0.5) -> None:
         """The slots' drafter did not run this step (nothing recorded): move their latest
@@ -125,7 +137,7 @@ class AdaptiveVerifier:
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"weight must be in [0, 1], got {weight}")
         latest = self._fresh.take(slots, axis=0)
-        self._fresh[slots] = (1 - weight) * latest + weight * self._population
+        self._fresh[slots] = (1 - weight) * latest + weight * self._population()
 
     def plan(
         self,
@@ -136,7 +148,12 @@ class AdaptiveVerifier:
         context_tokens: int = 0,
     ) -> int:
         """The step's draft budget, from the stale confidences (see the module doc)."""
-        return self._stale_plan(slots, num_drafts, num_non_draft, num_sampling, context_tokens)[0]
+        slots = self._check_slots(slots)
+        priced = self._priced_plan(slots, num_drafts, num_non_draft, num_sampling, context_tokens)
+        if priced is None:
+            return 0
+        survival, costs, _ = priced
+        return best_budget(survival, costs.shape[0] - 1, int(num_sampling), costs)
 
     def drafting_pays(
         self,
@@ -148,76 +165,86 @@ class AdaptiveVerifier:
     ) -> int:
         """How deep to draft this step (0: do not run the drafter), decided before it runs.
 
-        The seed always drafts and then picks a budget, so the drafter's cost is paid
-        even when the budget is zero. Here the stale plan (``num_drafts``: the most each
-        request could get) is priced first: drafting pays when the expected tokens per
-        millisecond with the planned budget, draft cost included, beat the tokens per
-        millisecond of a step without drafts. Only the latest *recorded* confidences are
-        read (drafts already verified), so the decision cannot depend on the drafts it
-        would produce; when the answer is 0, ``relax`` the slots. A cost model without
-        ``draft_cost_ms`` keeps the seed's behaviour (draft whenever the budget is > 0).
-        When drafting pays, the answer is the planned budget capped at K: the fresh
-        allocation admits a prefix of at most that many drafts per request, so deeper
-        positions need not be drafted at all.
-        """
-        budget, survival, costs = self._stale_plan(
-            slots, num_drafts, num_non_draft, num_sampling, context_tokens, self._fresh
-        )
-        if budget == 0:
-            return 0
-        depth = min(budget, self.num_positions)
-        draft_cost = getattr(self.cost_model, "draft_cost_ms", None)
-        if draft_cost is None:
-            return depth
-        top = np.partition(survival, survival.size - budget)[-budget:]
-        gain = num_sampling + float(top.sum())
-        without = max(float(costs[0]) - draft_cost(len(slots)), 1e-9)
-        return depth if gain / float(costs[budget]) > num_sampling / without else 0
+        The seed always drafts the full block and then picks a budget, so the drafter's
+        cost is paid even when the budget is zero, and in full even when the budget
+        reaches one position deep. Here the plan is priced for every drafting depth
+        ``d`` (positions past ``d`` neither drafted nor verified) with the drafter's cost
+        at that depth (``draft_cost_ms(num_reqs, d)``), and the answer is the depth
+        whose best budget expects the most tokens per millisecond, or 0 when none beats
+        a step without the drafter (``best_drafting_depth``). A model that prices every
+        depth alike gets the shallowest depth that holds its best plan's drafts.
 
-    def _stale_plan(
+        Only the latest *recorded* confidences are read (drafts already verified; a
+        request with none recorded yet counts as the population's average,
+        ``population_survival``), so the decision cannot depend on the drafts it would
+        produce; when the answer is 0, ``relax`` the slots. A cost model without
+        ``draft_cost_ms`` keeps the seed's behaviour (draft whenever the budget is > 0),
+        as deep as the budget could reach.
+        """
+        slots = self._check_slots(slots)
+        latest = self._fresh.take(slots, axis=0)
+        unrecorded = self._unrecorded.take(slots)
+        if unrecorded.any():  # no track record yet: as the population's drafts survive
+            latest[unrecorded] = self._population()
+        priced = self._priced_plan(
+            slots, num_drafts, num_non_draft, num_sampling, context_tokens, latest
+        )
+        if priced is None:
+            return 0
+        survival, costs, drafter_ms = priced
+        if drafter_ms is None:
+            return min(
+                best_budget(survival, costs.shape[0] - 1, int(num_sampling), costs),
+                self.num_positions,
+            )
+        num_reqs = slots.shape[0]
+        by_depth = getattr(self.cost_model, "draft_costs_by_depth", None)
+        if by_depth is not None:
+            draft_ms = by_depth(num_reqs, self.num_positions)
+        else:
+            draft = self.cost_model.draft_cost_ms
+            draft_ms = np.array([draft(num_reqs, d) for d in range(self.num_positions + 1)])
+            draft_ms[0] = 0.0  # an undrafted step pays no drafter
+        return best_drafting_depth(
+            survival.reshape(num_reqs, self.num_positions),
+            costs - drafter_ms,
+            int(num_sampling),
+            draft_ms,
+        )
+
+    def _priced_plan(
         self, slots, num_drafts, num_non_draft, num_sampling, context_tokens, state=None
     ):
-        """The budget, the survival it ranked (flat, unscheduled positions zeroed) and the
-        step costs for budgets 0..cap (None when nothing can be verified). ``state``: the
-        survival table to read, the stale one unless given (``drafting_pays`` reads the
-        latest recorded, which no draft of the coming step can have influenced)."""
-        slots = self._check_slots(slots)
+        """What the budget search needs, or None when nothing can be verified: the
+        survival to rank (flat, request-major, unscheduled positions zeroed), the step
+        costs for budgets 0..cap and the drafter's share of them (None for a model
+        without a drafter price; the drafter is priced at the deepest draft scheduled).
+        ``state``: the slots' survival rows ``[num_reqs, K]`` (a copy, modified here),
+        the stale ones unless given (``drafting_pays`` reads the latest recorded, which
+        no draft of the coming step can have influenced)."""
         num_reqs = slots.shape[0]
-        drafts = as_draft_counts("num_drafts", num_drafts, num_reqs, self.num_positions)
+        k = self.num_positions
+        drafts = as_draft_counts("num_drafts", num_drafts, num_reqs, k)
         num_tokens = count_total("num_non_draft", num_non_draft, num_reqs)
         if not 0 <= num_sampling <= num_reqs:
             raise ValueError(f"num_sampling must be in [0, {num_reqs}], got {num_sampling}")
         cap = draft_cap(drafts.total, num_reqs, self.max_total_logits, self.num_bonus_tokens)
         if cap == 0:
-            return 0, None, None
-        table = self._stale if state is None else state
-        survival = table.take(slots, axis=0)  # [num_reqs, K]; order is irrelevant here
+            return None
+        survival = self._stale.take(slots, axis=0) if state is None else state
+        depth = k
         if not drafts.is_full:
-            survival *= drafts.counts[:, None] > np.arange(self.num_positions)
-        survival = survival.ravel()
-        # The gate's plan (latest recorded survival) is usually the budget's plan one call
-        # later (record() moved exactly those rows to stale): same inputs, same answer, so
-        # the search runs once per step. A cost model is a function of its arguments (and
-        # of its version, for one that learns).
-        # A cost model that learns (``ObservedDraftCost``) says so through a version.
-        version = getattr(self.cost_model, "version", 0)
-        key = (num_reqs, num_tokens, cap, int(num_sampling), int(context_tokens), version)
-        if self._is_last_plan(key, survival):
-            return self._last_plan[2], survival, self._last_plan[3]
+            survival *= drafts.counts[:, None] > np.arange(k)
+            depth = int(np.maximum.reduce(drafts.counts))
         costs = self.cost_model.step_costs_ms(num_reqs, num_tokens, cap, context_tokens)
-        budget = best_budget(survival, cap, int(num_sampling), costs)
-        self._last_plan = (key, survival.copy(), budget, costs)
-        return budget, survival, costs
-
-    def _is_last_plan(self, key: tuple, survival: np.ndarray) -> bool:
-        memo = self._last_plan
-        # The first score usually differs already: a scalar test before the full one.
-        return (
-            memo is not None
-            and memo[0] == key
-            and memo[1][0] == survival[0]
-            and bool((memo[1] == survival).all())
-        )
+        drafter_ms = None
+        draft_cost = getattr(self.cost_model, "draft_cost_ms", None)
+        if draft_cost is not None:
+            drafter_ms = full = draft_cost(num_reqs)
+            if depth < k:  # drafted shallower than the block: that depth's price
+                drafter_ms = draft_cost(num_reqs, depth)
+                costs = costs + (drafter_ms - full)
+        return survival.ravel(), costs, drafter_ms
 
     def allocate(self, slots: np.ndarray, num_drafts: np.ndarray, budget: int) -> np.ndarray:
         """Admitted drafts per request: the budget's slots of highest fresh survival."""
