@@ -44,6 +44,8 @@ def test_measure_accounting(tiny):
     # number of requests both medians are the same request's.
     assert result.per_user_tok_s == pytest.approx(1e3 / result.tpot_p50_ms, rel=1e-9)
     assert result.tpot_p99_ms >= result.tpot_p50_ms
+    # Eager CPU steps capture no graph; a fixed K drafts on every decoding step.
+    assert result.graph_captures == 0 and result.undrafted_steps == 0
 
 
 def test_compare_reports_ratios_against_best_fixed_and_no_spec():

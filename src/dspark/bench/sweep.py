@@ -68,6 +68,7 @@ class Measurement:
     step_ms: float = 0.0  # wall time per engine step
     schedule_us_per_step: float = 0.0  # adaptive: budget + allocation per step
     graph_captures: int = 0  # CUDA graphs captured while measuring (after the warm-up)
+    undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
 
 
 def closed_loop(
@@ -136,6 +137,7 @@ def measure(
         step_ms=seconds * 1e3 / max(stats.num_steps, 1),
         schedule_us_per_step=sum(stats.schedule_ms) * 1e3 / max(stats.num_steps, 1),
         graph_captures=engine.num_captures() - captures,
+        undrafted_steps=stats.undrafted_steps,
     )
 
 
@@ -303,6 +305,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "step_ms",
         "schedule_us_per_step",
         "graph_captures",
+        "undrafted_steps",
     ):
         row[key] = float(np.median([getattr(m, key) for m in measurements]))
     for key in ("acceptance_length", "verified_per_round"):

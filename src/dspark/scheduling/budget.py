@@ -77,28 +77,27 @@ def best_drafting_depth(
     no plan beats ``num_sampling / (draft_ms[0] + verify_ms[0])`` (no drafter), else the
     depth of the best plan; ties go to the shallower depth.
 
-    One descending sort serves every depth: the sorted scores of depth ``d`` are the
-    sorted scores of all depths with the deeper positions left out.
+    The columns are sorted once; each depth's ranking is the previous one merged with
+    its new column (a stable sort of two sorted runs is a merge).
     """
     num_reqs, k = survival.shape
     cap = verify_ms.shape[0] - 1
     best_rate = num_sampling / max(float(verify_ms[0] + draft_ms[0]), _MIN_COST_MS)
     if cap == 0 or num_reqs == 0:
         return 0
-    flat = survival.ravel()
-    order = flat.argsort()[::-1]
-    scores = flat.take(order)
-    positions = order % k
+    columns = np.sort(survival, axis=0)  # ascending, per position
+    ranked = columns[:, 0]
     best_depth = 0
     for depth in range(1, k + 1):
-        ranked = scores if depth == k else scores.compress(positions < depth)
-        ranked = ranked[:cap]
-        rates = np.add.accumulate(ranked)
+        if depth > 1:
+            ranked = np.sort(np.concatenate((ranked, columns[:, depth - 1])), kind="stable")
+        top = ranked[::-1][:cap]
+        rates = np.add.accumulate(top)
         rates += num_sampling
-        rates /= np.maximum(verify_ms[1 : ranked.shape[0] + 1] + draft_ms[depth], _MIN_COST_MS)
-        top = int(rates.argmax())
-        if rates[top] > best_rate:
-            best_rate, best_depth = float(rates[top]), depth
+        rates /= np.maximum(verify_ms[1 : top.shape[0] + 1] + draft_ms[depth], _MIN_COST_MS)
+        best = int(rates.argmax())
+        if rates[best] > best_rate:
+            best_rate, best_depth = float(rates[best]), depth
     return best_depth
 
 
