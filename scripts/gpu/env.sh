@@ -4,7 +4,11 @@
 set -euo pipefail
 G=/root/stage/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$G" ]; then
-  cat /root/stage/part0/*.gguf.0 .gpu/part1/*.gguf.1 > "$G.partial"
+  if [ -d /root/stage/pieces ]; then  # quarters parked by stage_piece.sh
+    cat /root/stage/pieces/gguf.* > "$G.partial"
+  else
+    cat /root/stage/part0/*.gguf.0 .gpu/part1/*.gguf.1 > "$G.partial"
+  fi
   echo "$(cut -d' ' -f1 .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256)  $G.partial" | sha256sum -c -
   mv "$G.partial" "$G"
 fi
