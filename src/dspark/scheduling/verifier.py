@@ -22,9 +22,10 @@ exact, so the output follows the target distribution whatever the verifier decid
 A new slot starts with all confidences 1.0: a request's first budget assumes its drafts
 survive until it has a track record.
 
-Deciding whether to draft at all (``drafting_pays``, before the drafter runs) reads the
-latest recorded confidences: the drafts they describe are already verified, so this is
-as lossless as the budget. A step that skips the drafter records nothing, so a request
+Deciding whether to draft at all, and how deep (``drafting_pays``, before the drafter
+runs), reads the latest recorded confidences (a request with none yet counts as the
+population's average): the drafts they describe are already verified, so this is as
+lossless as the budget. A step that skips the drafter records nothing, so a request
 whose last drafts looked poor would never be drafted again; ``relax`` therefore moves the
 skipped slots' survival halfway towards the population's (a running average of every
 recorded round), and the request is retried once that average says drafting pays.
@@ -71,7 +72,6 @@ class AdaptiveVerifier:
         self._fresh = np.ones((max_num_slots, num_positions))
         self._stale = np.ones((max_num_slots, num_positions))
         self._is_active = np.zeros(max_num_slots, dtype=bool)
-        # Mean survival of recorded rounds (exponential average over record() calls).
         # Mean survival of recorded rounds: an exponential average over record() calls,
         # bias-corrected (the first record is the mean, not a blend with a prior of 1.0).
         self._population_sum = np.zeros(num_positions)
