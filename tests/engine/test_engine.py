@@ -345,6 +345,9 @@ class ScriptedGate:
         self.calls += 1
         return self.pattern[self.calls % len(self.pattern)]
 
+    def should_probe(self, num_reqs):
+        return False  # the pattern alone decides
+
     def record(self, num_reqs, drafted, tokens, wall_ms):
         pass
 
@@ -412,3 +415,25 @@ def test_decoding_steps_report_their_price_inputs_to_a_learning_cost_model(tiny)
     # Every admitted draft of a reported step was verified: no more than the engine's.
     admitted = engine.stats.num_verified - engine.stats.num_decode_rounds
     assert 0 < sum(step[2] for step in cost.steps) <= admitted
+
+
+class PricedOut(RecordingCost):
+    """Drafting never pays by the model: only the gate's probes draft."""
+
+    def draft_cost_ms(self, num_reqs, depth=None):
+        return 1e6
+
+
+def test_probes_draft_where_the_model_declines_and_stay_lossless(tiny):
+    prompts = repetitive_prompts(12)
+    plain, _ = run(tiny, prompts)
+    cost = PricedOut(3)
+    out, engine = run(
+        tiny, prompts, spec="adaptive", num_drafts=3, cost_model=cost, throughput_gate=True
+    )
+    assert [o.token_ids for o in out] == [o.token_ids for o in plain]
+    stats = engine.stats
+    # Every 32nd declined step of a batch-size bucket drafts, at the model's best depth.
+    assert stats.probes >= 1 and stats.gate_vetoes == 0
+    assert sum(stats.depth_steps[1:]) == stats.probes
+    assert stats.undrafted_steps == stats.depth_steps[0]

@@ -1,3 +1,5 @@
+from collections import deque
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -188,3 +190,16 @@ def test_measured_step_overheads_by_bucket_drafted_apart_and_linear_in_depth():
         cost.record_step(4, 4, 2, 0, 10.0)
     with pytest.raises(ValueError, match="wall_ms"):
         cost.record_step(4, 4, 0, 0, float("inf"))
+
+
+def test_one_outlying_step_does_not_drag_the_learnt_depth_line():
+    from dspark.scheduling.cost import _depth_line
+
+    points = deque([(2, 4.0), (2, 4.0), (2, 400.0), (4, 8.0), (4, 8.0)])
+    assert _depth_line(points) == pytest.approx((0.0, 2.0))  # medians (2, 4) and (4, 8)
+    # Four depths, one of them a single stray step: per depth the median slope to the
+    # others is 2, 2, 2 and 197.3; their median is 2.
+    points += [(6, 12.0), (7, 600.0)]
+    intercept, slope = _depth_line(points)
+    assert slope == pytest.approx(2.0) and intercept == pytest.approx(0.0)
+    assert _depth_line(deque([(3, 5.0), (3, 7.0), (3, 90.0)])) == (7.0, 0.0)

@@ -111,3 +111,19 @@ def test_an_arm_clearly_behind_is_rarely_explored():
 def test_confidence_zero_is_greedy_on_the_measured_rates():
     gate = ThroughputGate(explore_every=1000, min_steps=1, confidence=0.0)
     assert drive(gate, 2, drafted_rate=5.0, undrafted_rate=4.9, steps=200) > 0.98
+
+
+def test_probes_of_declined_drafting_back_off_and_reset_per_bucket():
+    gate = ThroughputGate(explore_every=4)
+    waits = []
+    for _ in range(4):  # declined steps until each probe: 4, then 8, 16, 16 (capped at 4x)
+        count = 1
+        while not gate.should_probe(8):
+            count += 1
+        waits.append(count)
+    assert waits == [4, 8, 16, 16]
+    # Another bucket counts on its own.
+    assert [gate.should_probe(2) for _ in range(4)] == [False, False, False, True]
+    # The cost model drafting on its own in the bucket resets the wait.
+    gate.should_draft(9)
+    assert [gate.should_probe(9) for _ in range(4)] == [False, False, False, True]

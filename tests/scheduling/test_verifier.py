@@ -262,3 +262,15 @@ def test_drafting_depth_is_the_best_depth_and_budget_by_brute_force(data):
         mine = max(rate for (depth, _), rate in rates.items() if depth == chosen)
         assert mine > without
         assert mine >= best * (1 - 1e-9)
+
+
+def test_probe_depth_is_the_best_drafted_plan_even_when_not_drafting_wins():
+    args = (np.array([0]), np.array([3]), np.array([1]), 1)
+    # A 30 ms drafter at every depth: 1.9 / 41, 2.71 / 41.5 and 3.439 / 42 tok/ms, all
+    # below 1 / 10.5 without it; the best of them is 3 deep.
+    verifier = _depth_verifier([0, 30, 30, 30], [0.9] * 3, 0.5)
+    assert verifier.drafting_pays(*args) == 0
+    assert verifier.probe_depth == 3
+    # Nothing to draft: no probe either.
+    assert verifier.drafting_pays(np.array([0]), np.array([0]), np.array([1]), 1) == 0
+    assert verifier.probe_depth == 0

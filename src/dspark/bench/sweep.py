@@ -22,7 +22,7 @@ import argparse
 import json
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +69,8 @@ class Measurement:
     schedule_us_per_step: float = 0.0  # adaptive: budget + allocation per step
     graph_captures: int = 0  # CUDA graphs captured while measuring (after the warm-up)
     undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
+    gate_vetoes: int = 0  # adaptive: of those, the throughput gate's (the model drafted)
+    depth_steps: list[int] = field(default_factory=list)  # adaptive: steps by depth 0..K
 
 
 def closed_loop(
@@ -138,6 +140,8 @@ def measure(
         schedule_us_per_step=sum(stats.schedule_ms) * 1e3 / max(stats.num_steps, 1),
         graph_captures=engine.num_captures() - captures,
         undrafted_steps=stats.undrafted_steps,
+        gate_vetoes=stats.gate_vetoes,
+        depth_steps=stats.depth_steps[: setting.k + 1] if setting.spec == "adaptive" else [],
     )
 
 
@@ -306,6 +310,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "schedule_us_per_step",
         "graph_captures",
         "undrafted_steps",
+        "gate_vetoes",
     ):
         row[key] = float(np.median([getattr(m, key) for m in measurements]))
     for key in ("acceptance_length", "verified_per_round"):

@@ -108,6 +108,10 @@ class EngineStats:
     budgets: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     schedule_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     undrafted_steps: int = 0  # adaptive: steps where drafting would not have paid
+    gate_vetoes: int = 0  # adaptive: of those, steps the cost model drafted but the gate not
+    probes: int = 0  # adaptive: drafted steps the cost model declined (``should_probe``)
+    # Adaptive: drafted steps by drafting depth (index d: steps drafted d deep).
+    depth_steps: list[int] = field(default_factory=lambda: [0] * 65)
     # Host phases of a step (ms, no device sync): drafting as a whole (gate, proposal,
     # budget, allocation), verification and emission, the drafter's context update.
     draft_phase_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
@@ -514,6 +518,11 @@ class LLMEngine:
         num_reqs = batch.slots.shape[0]
         if depth and self.gate is not None and not self.gate.should_draft(num_reqs):
             depth = 0  # measured: undrafted steps emit more tokens per ms at this size
+            self.stats.gate_vetoes += 1
+        elif not depth and self.gate is not None and self.gate.should_probe(num_reqs):
+            depth = self.verifier.probe_depth  # keep the price of drafting measured
+            self.stats.probes += bool(depth)
+        self.stats.depth_steps[min(depth, 64)] += 1
         self._gate_step = (num_reqs, depth > 0)
         self._priced_step = (num_reqs, int(batch.non_draft.sum()), depth, batch.context)
         if depth == 0:

@@ -76,29 +76,37 @@ def best_drafting_depth(
     of those, at ``(num_sampling + gain) / (draft_ms[d] + verify_ms[b])``. Returns 0 when
     no plan beats ``num_sampling / (draft_ms[0] + verify_ms[0])`` (no drafter), else the
     depth of the best plan; ties go to the shallower depth.
+    """
+    rates = depth_rates(survival, verify_ms, num_sampling, draft_ms)
+    best = int(rates.argmax())  # the first maximum: ties go to the shallower depth
+    return best if rates[best] > rates[0] else 0
 
-    The columns are sorted once; each depth's ranking is the previous one merged with
-    its new column (a stable sort of two sorted runs is a merge).
+
+def depth_rates(
+    survival: np.ndarray, verify_ms: np.ndarray, num_sampling: int, draft_ms: np.ndarray
+) -> np.ndarray:
+    """``[K + 1]``: the best expected tokens per millisecond at each drafting depth (index
+    0: without the drafter; -inf where a depth has nothing to verify). See
+    ``best_drafting_depth``. The columns are sorted once; each depth's ranking is the
+    previous one merged with its new column (a stable sort of two sorted runs is a merge).
     """
     num_reqs, k = survival.shape
     cap = verify_ms.shape[0] - 1
-    best_rate = num_sampling / max(float(verify_ms[0] + draft_ms[0]), _MIN_COST_MS)
+    rates = np.full(k + 1, -np.inf)
+    rates[0] = num_sampling / max(float(verify_ms[0] + draft_ms[0]), _MIN_COST_MS)
     if cap == 0 or num_reqs == 0:
-        return 0
+        return rates
     columns = np.sort(survival, axis=0)  # ascending, per position
     ranked = columns[:, 0]
-    best_depth = 0
     for depth in range(1, k + 1):
         if depth > 1:
             ranked = np.sort(np.concatenate((ranked, columns[:, depth - 1])), kind="stable")
         top = ranked[::-1][:cap]
-        rates = np.add.accumulate(top)
-        rates += num_sampling
-        rates /= np.maximum(verify_ms[1 : top.shape[0] + 1] + draft_ms[depth], _MIN_COST_MS)
-        best = int(rates.argmax())
-        if rates[best] > best_rate:
-            best_rate, best_depth = float(rates[best]), depth
-    return best_depth
+        gains = np.add.accumulate(top)
+        gains += num_sampling
+        gains /= np.maximum(verify_ms[1 : top.shape[0] + 1] + draft_ms[depth], _MIN_COST_MS)
+        rates[depth] = gains.max()
+    return rates
 
 
 def _best_budget_sorted(scores: np.ndarray, cap: int, num_sampling: int, costs: np.ndarray) -> int:

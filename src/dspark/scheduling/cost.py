@@ -199,9 +199,9 @@ class ObservedDraftCost:
     * ``record_step``: each whole decoding step's wall time against the price above.
       What the price missed (the drafter's context update, verification, host work) is
       kept per power-of-two bucket of the request count, for undrafted and drafted
-      steps apart, the drafted ones as a line in the drafting depth (depths not yet
-      drafted are extrapolated: flat until two depths were measured), and added to the
-      drafter's share (``overhead_ms``; an undrafted step's shows as depth 0 of
+      steps apart, the drafted ones as a robust line in the drafting depth (depths not
+      yet drafted are extrapolated: flat until two depths were measured), and added to
+      the drafter's share (``overhead_ms``; an undrafted step's shows as depth 0 of
       ``draft_costs_by_depth``).
 
     ``depth_ms`` (``build_depth_costs``) prices drafting ``d < K`` positions per request:
@@ -292,7 +292,7 @@ class ObservedDraftCost:
         ``num_drafts`` admitted drafts, drafted ``depth`` deep (0: undrafted), took
         ``wall_ms``; the difference from its profiled price feeds ``overhead_ms``: per
         request-count bucket, the median of the last ``OVERHEAD_WINDOW`` undrafted steps,
-        and a least-squares line in the depth through the last drafted ones."""
+        and a robust line in the depth through the last drafted ones (``_depth_line``)."""
         if not np.isfinite(wall_ms) or wall_ms < 0:
             raise ValueError(f"wall_ms must be a finite non-negative time, got {wall_ms}")
         if depth < 0 or num_drafts < 0 or (depth == 0 and num_drafts):
@@ -341,15 +341,19 @@ class ObservedDraftCost:
 
 
 def _depth_line(points: deque) -> tuple[float, float]:
-    """(intercept, slope) of the least-squares line through ``(depth, ms)`` points; the
-    median and slope 0 when every point has the same depth (a few dozen floats: plain
-    Python is faster here than NumPy's call overhead)."""
-    depths = [d for d, _ in points]
-    values = [v for _, v in points]
-    mean_depth = sum(depths) / len(depths)
-    spread = sum((d - mean_depth) ** 2 for d in depths)
-    if spread == 0.0:
-        return statistics.median(values), 0.0
-    mean = sum(values) / len(values)
-    slope = sum((d - mean_depth) * (v - mean) for d, v in points) / spread
-    return mean - slope * mean_depth, slope
+    """(intercept, slope) of a line through ``(depth, ms)`` points that an outlier does
+    not drag (a step that paid a one-off allocation, a stray host stall): each depth's
+    median, then Siegel's repeated median over those (per depth, the median slope to the
+    others; the slope is the median of those) and the median intercept; slope 0 when
+    one depth was seen. A few dozen floats: plain Python."""
+    by_depth: dict[int, list[float]] = {}
+    for depth, value in points:
+        by_depth.setdefault(depth, []).append(value)
+    medians = sorted((d, statistics.median(values)) for d, values in by_depth.items())
+    if len(medians) == 1:
+        return medians[0][1], 0.0
+    slope = statistics.median(
+        statistics.median((v2 - v1) / (d2 - d1) for d2, v2 in medians if d2 != d1)
+        for d1, v1 in medians
+    )
+    return statistics.median(v - slope * d for d, v in medians), slope

@@ -37,6 +37,8 @@ class _Bucket:
     samples: tuple[deque, deque] = field(init=False)  # (tokens, wall ms) per arm
     measured: list[int] = field(default_factory=lambda: [0, 0])  # steps ever, per arm
     decisions: int = 0
+    declined: int = 0  # steps the cost model left undrafted since the last probe
+    probes_in_a_row: int = 0  # probes since the cost model last drafted on its own
 
     def __post_init__(self) -> None:
         self.samples = (deque(maxlen=self.window), deque(maxlen=self.window))
@@ -85,6 +87,7 @@ class ThroughputGate:
         """Draft this step? (Called once per step that the cost model would draft.)"""
         state = self._get(num_reqs)
         state.decisions += 1
+        state.probes_in_a_row = 0  # the cost model drafts here again: probe soon if not
         for arm in (DRAFTED, UNDRAFTED):  # measure both arms first, drafting first
             if len(state.samples[arm]) < self.min_steps:
                 return arm == DRAFTED
@@ -96,6 +99,22 @@ class ThroughputGate:
         if state.decisions % self.explore_every == 0:
             best = 1 - best  # keep the other arm's figure current
         return best == DRAFTED
+
+    def should_probe(self, num_reqs: int) -> bool:
+        """Draft anyway this step, which the cost model would not? (Called once per step
+        that the cost model would leave undrafted.) A price learnt from a few bad drafted
+        steps is otherwise never measured again, and drafting, once priced out, would
+        stay out for good. The first probe of a bucket comes after ``explore_every``
+        declined steps; each probe doubles the wait for the next (up to 4x), and a step
+        the cost model drafts on its own resets it."""
+        state = self._get(num_reqs)
+        state.declined += 1
+        wait = self.explore_every << state.probes_in_a_row
+        if state.declined < wait:
+            return False
+        state.declined = 0
+        state.probes_in_a_row = min(state.probes_in_a_row + 1, 2)
+        return True
 
     def record(self, num_reqs: int, drafted: bool, tokens: int, wall_ms: float) -> None:
         """A step of ``num_reqs`` requests emitted ``tokens`` in ``wall_ms``."""

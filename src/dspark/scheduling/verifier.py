@@ -43,7 +43,7 @@ from dspark.scheduling._checks import (
     count_total,
 )
 from dspark.scheduling.allocation import admit_top_slots
-from dspark.scheduling.budget import best_budget, best_drafting_depth, draft_cap
+from dspark.scheduling.budget import best_budget, depth_rates, draft_cap
 from dspark.scheduling.cost import StepCostModel
 from dspark.scheduling.survival import running_product, zero_unscheduled
 
@@ -79,6 +79,9 @@ class AdaptiveVerifier:
         self.population_decay = 0.9
         # Slots whose request has had no round recorded yet (they start at 1.0).
         self._unrecorded = np.zeros(max_num_slots, dtype=bool)
+        # The depth of the best drafted plan in the last ``drafting_pays``, even when not
+        # drafting was better (0: nothing to draft): what a probe of drafting would use.
+        self.probe_depth = 0
 
     @property
     def max_num_slots(self) -> int:
@@ -179,7 +182,9 @@ class AdaptiveVerifier:
         ``population_survival``), so the decision cannot depend on the drafts it would
         produce; when the answer is 0, ``relax`` the slots. A cost model without
         ``draft_cost_ms`` keeps the seed's behaviour (draft whenever the budget is > 0),
-        as deep as the budget could reach.
+        as deep as the budget could reach. ``probe_depth`` keeps the best drafted plan's
+        depth even when the answer is 0 (an engine that probes drafting now and then,
+        so that a learnt price can come back down, drafts that deep).
         """
         slots = self._check_slots(slots)
         latest = self._fresh.take(slots, axis=0)
@@ -189,14 +194,13 @@ class AdaptiveVerifier:
         priced = self._priced_plan(
             slots, num_drafts, num_non_draft, num_sampling, context_tokens, latest
         )
+        self.probe_depth = 0
         if priced is None:
             return 0
         survival, costs, drafter_ms = priced
         if drafter_ms is None:
-            return min(
-                best_budget(survival, costs.shape[0] - 1, int(num_sampling), costs),
-                self.num_positions,
-            )
+            budget = best_budget(survival, costs.shape[0] - 1, int(num_sampling), costs)
+            return min(budget, self.num_positions)
         num_reqs = slots.shape[0]
         by_depth = getattr(self.cost_model, "draft_costs_by_depth", None)
         if by_depth is not None:
@@ -205,12 +209,15 @@ class AdaptiveVerifier:
             draft = self.cost_model.draft_cost_ms
             draft_ms = np.array([draft(num_reqs, d) for d in range(self.num_positions + 1)])
             draft_ms[0] = 0.0  # an undrafted step pays no drafter
-        return best_drafting_depth(
+        rates = depth_rates(
             survival.reshape(num_reqs, self.num_positions),
             costs - drafter_ms,
             int(num_sampling),
             draft_ms,
         )
+        best = int(rates[1:].argmax()) + 1  # the first maximum: ties go shallower
+        self.probe_depth = best if np.isfinite(rates[best]) else 0
+        return best if rates[best] > rates[0] else 0
 
     def _priced_plan(
         self, slots, num_drafts, num_non_draft, num_sampling, context_tokens, state=None
