@@ -437,3 +437,39 @@ def test_probes_draft_where_the_model_declines_and_stay_lossless(tiny):
     assert stats.probes >= 1 and stats.gate_vetoes == 0
     assert sum(stats.depth_steps[1:]) == stats.probes
     assert stats.undrafted_steps == stats.depth_steps[0]
+
+
+class CountingGate(ScriptedGate):
+    def __init__(self):
+        super().__init__([True])
+        self.records = []
+
+    def record(self, num_reqs, drafted, tokens, wall_ms):
+        self.records.append((num_reqs, drafted, tokens))
+
+
+def test_only_decoding_steps_are_timed_for_the_gate_and_the_prices(tiny):
+    prompts = repetitive_prompts(10)
+    plain, _ = run(tiny, prompts)
+    cost = RecordingCost(4)
+    engine = LLMEngine(
+        tiny, EngineConfig(spec="adaptive", num_drafts=3, max_num_seqs=4), cost_model=cost
+    )
+    engine.gate = gate = CountingGate()
+    schedule = engine.scheduler.schedule
+    decoding_steps = []
+
+    def tracking(room):
+        chunks = schedule(room)
+        if chunks and any(c.is_decode for c in chunks):
+            decoding_steps.append(all(c.is_decode for c in chunks))
+        return chunks
+
+    engine.scheduler.schedule = tracking
+    requests = [engine.add_request(p, GREEDY) for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    assert [r.output_ids for r in requests] == [o.token_ids for o in plain]
+    # Four running at a time over ten requests: prompt chunks share steps with decodes.
+    assert not all(decoding_steps)
+    assert len(gate.records) == len(cost.steps) == sum(decoding_steps)

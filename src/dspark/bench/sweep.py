@@ -70,6 +70,7 @@ class Measurement:
     graph_captures: int = 0  # CUDA graphs captured while measuring (after the warm-up)
     undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
     gate_vetoes: int = 0  # adaptive: of those, the throughput gate's (the model drafted)
+    probes: int = 0  # adaptive: drafted steps the cost model declined (the gate's probes)
     depth_steps: list[int] = field(default_factory=list)  # adaptive: steps by depth 0..K
 
 
@@ -141,6 +142,7 @@ def measure(
         graph_captures=engine.num_captures() - captures,
         undrafted_steps=stats.undrafted_steps,
         gate_vetoes=stats.gate_vetoes,
+        probes=stats.probes,
         depth_steps=stats.depth_steps[: setting.k + 1] if setting.spec == "adaptive" else [],
     )
 
@@ -311,6 +313,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "graph_captures",
         "undrafted_steps",
         "gate_vetoes",
+        "probes",
     ):
         row[key] = float(np.median([getattr(m, key) for m in measurements]))
     for key in ("acceptance_length", "verified_per_round"):

@@ -382,16 +382,17 @@ class LLMEngine:
         self.stats.apply_ms.append((end - phase) * 1e3)
         if not self.scheduler.running:
             self._deferred.clear()  # held-back updates of requests that all finished
-        # A step that captured a graph is not a typical step of its kind: not timed.
-        if self._gate_step and self.num_captures() == captures:
-            num_reqs, drafted = self._gate_step
+        # Only decoding steps are timed: a prompt chunk makes a step slow whichever way it
+        # drafted (one in a 16-step window can flip the gate), and a step that captured a
+        # graph is not a typical step of its kind.
+        num_reqs, num_tokens, depth, context = self._priced_step or (0, -1, 0, 0)
+        if num_tokens == num_reqs and self.num_captures() == captures:
             wall_ms = max((end - step_start) * 1e3 - self._flush_ms, 1e-3)
             if self.gate is not None:
                 tokens = self.stats.num_generated - generated
-                self.gate.record(num_reqs, drafted, tokens, wall_ms)
+                self.gate.record(num_reqs, depth > 0, tokens, wall_ms)
             record_step = getattr(self.verifier.cost_model, "record_step", None)
-            num_reqs, num_tokens, depth, context = self._priced_step
-            if record_step is not None and num_tokens == num_reqs:  # decoding steps only
+            if record_step is not None:
                 admitted = sum(len(extra) for extra in drafts)
                 record_step(num_reqs, num_tokens, admitted, depth, wall_ms, context)
         return touched
