@@ -183,9 +183,14 @@ def test_measured_step_overheads_by_bucket_drafted_apart_and_linear_in_depth():
     assert cost.overhead_ms(4, None) == pytest.approx(9.0)  # the full block, K = 3
     assert cost.draft_cost_ms(4, 2) == pytest.approx(2.0 + 7.0)
     np.testing.assert_allclose(cost.draft_costs_by_depth(4, 3), [7.0, 6.0, 9.0, 12.0])
-    # Requests 4..7 share a bucket; 8 is the next one, still unmeasured.
+    # Requests 4..7 share a bucket; 8 is the next one, unmeasured: it takes its nearest
+    # measured neighbour's lines until its own steps come in.
     assert cost.overhead_ms(7, 2) == pytest.approx(7.0)
-    assert cost.overhead_ms(8, 2) == 0.0 and cost.overhead_ms(8, 0) == 0.0
+    assert cost.overhead_ms(8, 2) == pytest.approx(7.0)
+    assert cost.overhead_ms(8, 0) == pytest.approx(7.0)
+    cost.record_step(8, 8, 0, 0, 20.0)  # priced 18 ms: its own undrafted line, 2 ms
+    assert cost.overhead_ms(8, 0) == pytest.approx(2.0)
+    assert cost.overhead_ms(8, 2) == pytest.approx(7.0)  # drafted: still the neighbour's
     with pytest.raises(ValueError, match="cannot admit"):
         cost.record_step(4, 4, 2, 0, 10.0)
     with pytest.raises(ValueError, match="wall_ms"):

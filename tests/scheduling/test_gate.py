@@ -127,3 +127,19 @@ def test_probes_of_declined_drafting_back_off_and_reset_per_bucket():
     # The cost model drafting on its own in the bucket resets the wait.
     gate.should_draft(9)
     assert [gate.should_probe(9) for _ in range(4)] == [False, False, False, True]
+
+
+def test_an_unmeasured_bucket_follows_its_nearest_measured_neighbour():
+    gate = ThroughputGate(explore_every=1000, min_steps=2)
+    for _ in range(2):  # bucket of 4..7: undrafted 1 token/ms, drafted 3 tokens/ms
+        gate.record(4, True, 30, 10.0)
+        gate.record(4, False, 10, 10.0)
+    # Requests 2..3 and 8..15 measured nothing: they follow the 4..7 bucket (draft),
+    # instead of first measuring both arms (which starts with... drafting, then not).
+    assert all(gate.should_draft(2) for _ in range(5))
+    assert all(gate.should_draft(9) for _ in range(5))
+    fresh = ThroughputGate(explore_every=1000, min_steps=2)
+    fresh.record(4, True, 30, 10.0)
+    fresh.record(4, True, 30, 10.0)
+    # Nothing measured on both arms anywhere: measure the undrafted arm too.
+    assert fresh.should_draft(4) is False

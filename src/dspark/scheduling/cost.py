@@ -270,13 +270,27 @@ class ObservedDraftCost:
 
     def overhead_ms(self, num_reqs: int, depth: int | None) -> float:
         """What steps of about ``num_reqs`` requests drafted ``depth`` deep (0: undrafted,
-        None: the full block) cost beyond their profiled price (0 until measured)."""
-        fit = self._overhead.get((int(num_reqs).bit_length(), depth == 0))
+        None: the full block) cost beyond their profiled price (0 until measured in any
+        bucket)."""
+        fit = self._fit(num_reqs, depth == 0)
         if fit is None:
             return 0.0
         depth = self.num_positions if depth is None else depth
         intercept, slope = fit
         return intercept + slope * (depth or 0)
+
+    def _fit(self, num_reqs: int, undrafted: bool) -> tuple[float, float] | None:
+        """The overhead line of ``num_reqs``'s bucket, or of the nearest bucket measured
+        (a batch that shrank or grew into a new bucket starts from its neighbour's price,
+        not from the profile's, which real steps never meet)."""
+        bucket = int(num_reqs).bit_length()
+        fit = self._overhead.get((bucket, undrafted))
+        if fit is None:
+            measured = [b for b, u in self._overhead if u == undrafted]
+            if measured:
+                nearest = min(measured, key=lambda b: (abs(b - bucket), b))
+                fit = self._overhead[nearest, undrafted]
+        return fit
 
     def record_step(
         self,
@@ -323,11 +337,10 @@ class ObservedDraftCost:
             costs = table[depths, min(num_reqs, table.shape[1] - 1)].copy()
         costs *= self._scale(num_reqs)
         costs[0] = 0.0
-        bucket = int(num_reqs).bit_length()
-        drafted = self._overhead.get((bucket, False))
+        drafted = self._fit(num_reqs, False)
         if drafted is not None:
             costs[1:] += drafted[0] + drafted[1] * np.arange(1, num_positions + 1)
-        undrafted = self._overhead.get((bucket, True))
+        undrafted = self._fit(num_reqs, True)
         if undrafted is not None:
             costs[0] += undrafted[0]
         return costs

@@ -88,17 +88,32 @@ class ThroughputGate:
         state = self._get(num_reqs)
         state.decisions += 1
         state.probes_in_a_row = 0  # the cost model drafts here again: probe soon if not
-        for arm in (DRAFTED, UNDRAFTED):  # measure both arms first, drafting first
-            if len(state.samples[arm]) < self.min_steps:
-                return arm == DRAFTED
+        # A bucket not yet measured on both arms follows its nearest measured neighbour
+        # (a batch that shrank or grew into it); with none, both arms are measured first,
+        # drafting first.
+        judged = state if self._is_measured(state) else self._nearest_measured(num_reqs)
+        if judged is None:
+            for arm in (DRAFTED, UNDRAFTED):
+                if len(state.samples[arm]) < self.min_steps:
+                    return arm == DRAFTED
         bound = [
-            state.rate(arm) * (1.0 + self.confidence / state.measured[arm] ** 0.5)
+            judged.rate(arm) * (1.0 + self.confidence / judged.measured[arm] ** 0.5)
             for arm in (DRAFTED, UNDRAFTED)
         ]
         best = DRAFTED if bound[DRAFTED] >= bound[UNDRAFTED] else UNDRAFTED
         if state.decisions % self.explore_every == 0:
             best = 1 - best  # keep the other arm's figure current
         return best == DRAFTED
+
+    def _is_measured(self, state: _Bucket) -> bool:
+        return all(len(state.samples[arm]) >= self.min_steps for arm in (DRAFTED, UNDRAFTED))
+
+    def _nearest_measured(self, num_reqs: int) -> _Bucket | None:
+        key = self.bucket(num_reqs)
+        measured = [k for k, state in self._buckets.items() if self._is_measured(state)]
+        if not measured:
+            return None
+        return self._buckets[min(measured, key=lambda k: (abs(k - key), k))]
 
     def should_probe(self, num_reqs: int) -> bool:
         """Draft anyway this step, which the cost model would not? (Called once per step
