@@ -19,8 +19,13 @@ stays current. "Faster" is optimistic about the arm measured less: each arm's fi
 raised by ``confidence / sqrt(steps measured)`` of itself (an upper confidence bound),
 so an arm whose first steps were unrepresentative (first-call warm-up, a prompt chunk)
 is measured again soon, and one clearly behind is left alone.
-The decision reads past steps' timings and token counts only, never the drafts of the
-step it decides, so sampling stays lossless (see ``AdaptiveVerifier``).
+A bucket not yet measured on both arms follows its nearest measured neighbour (a batch
+shrinking as its requests finish crosses several buckets in a few steps). Where the cost
+model declines drafting, the gate is asked ``should_probe`` instead: now and then it has
+the step drafted anyway, so that a cost model that priced drafting out on a few bad
+steps measures it again.
+The decisions read past steps' timings and token counts only, never the drafts of the
+step they decide, so sampling stays lossless (see ``AdaptiveVerifier``).
 """
 
 from __future__ import annotations
