@@ -252,3 +252,19 @@ def test_binned_search_finds_an_optimum_just_before_a_cost_step():
     costs = np.where(np.arange(2001) <= 100, 1.0, 100.0 + np.arange(2001))
     assert _best_budget_binned(scores, 2000, 10, costs) == 100
     assert _best_budget_sorted(scores, 2000, 10, costs) == 100
+
+
+def test_best_drafting_depth_hand_computed_and_ties_go_shallow():
+    from dspark.scheduling.budget import best_drafting_depth, depth_rates
+
+    survival = np.array([[0.9, 0.0, 0.0]])  # nothing past the first position survives
+    verify = 10.0 + np.arange(4.0)  # 10 ms, +1 ms per verified draft
+    flat = np.array([0.0, 2.0, 2.0, 2.0])
+    # Without the drafter 1 / 10 = 0.1; any depth: 1.9 / (2 + 11) = 0.146 at b = 1, the
+    # same at every depth (the deeper slots add nothing): the shallowest wins.
+    np.testing.assert_allclose(depth_rates(survival, verify, 1, flat), [0.1] + [1.9 / 13] * 3)
+    assert best_drafting_depth(survival, verify, 1, flat) == 1
+    # An undrafted step that pays 10 ms more than its price loses to any drafted plan;
+    # a drafter of 9 ms at every depth loses to the undrafted step: 1.9 / 20 < 0.1.
+    assert best_drafting_depth(survival, verify, 1, np.array([10.0, 2.0, 2.0, 2.0])) == 1
+    assert best_drafting_depth(survival, verify, 1, np.array([0.0, 9.0, 9.0, 9.0])) == 0
