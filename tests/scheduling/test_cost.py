@@ -208,3 +208,6 @@ def test_one_outlying_step_does_not_drag_the_learnt_depth_line():
     intercept, slope = _depth_line(points)
     assert slope == pytest.approx(2.0) and intercept == pytest.approx(0.0)
     assert _depth_line(deque([(3, 5.0), (3, 7.0), (3, 90.0)])) == (7.0, 0.0)
+    # Noisy steps that make deeper drafts look cheaper: the line stays flat (at the
+    # median of the depths' medians), never falling.
+    assert _depth_line(deque([(1, 20.0), (4, 17.0), (7, 14.0)])) == (17.0, 0.0)

@@ -357,8 +357,8 @@ def _depth_line(points: deque) -> tuple[float, float]:
     """(intercept, slope) of a line through ``(depth, ms)`` points that an outlier does
     not drag (a step that paid a one-off allocation, a stray host stall): each depth's
     median, then Siegel's repeated median over those (per depth, the median slope to the
-    others; the slope is the median of those) and the median intercept; slope 0 when
-    one depth was seen. A few dozen floats: plain Python."""
+    others; the slope is the median of those, and never negative) and the median
+    intercept; slope 0 when one depth was seen. A few dozen floats: plain Python."""
     by_depth: dict[int, list[float]] = {}
     for depth, value in points:
         by_depth.setdefault(depth, []).append(value)
@@ -369,4 +369,7 @@ def _depth_line(points: deque) -> tuple[float, float]:
         statistics.median((v2 - v1) / (d2 - d1) for d2, v2 in medians if d2 != d1)
         for d1, v1 in medians
     )
+    # A deeper draft never costs less (noisy steps can suggest it, and a falling line
+    # would make the deepest drafts look cheapest): no slope below 0.
+    slope = max(slope, 0.0)
     return statistics.median(v - slope * d for d, v in medians), slope
