@@ -1,7 +1,8 @@
 """What adaptive verification decides, step by step, on the CPU default (SmolLM2 + the
 shipped drafter, held-out ShareGPT prompts, greedy, 32 new tokens): the cost model's
 drafting depth (``model``), the throughput gate's answer (``gate``), and each timed step
-(``step drafted tokens wall_ms``), then the gate's measured rates.
+(``step drafted tokens wall_ms``), then the gate's measured rates and the overheads the
+cost model learnt beyond its profiled prices (``ObservedDraftCost.overhead_ms``).
 
     python scripts/gate_trace.py [concurrency]
 """
@@ -48,6 +49,13 @@ def main() -> None:
     gate.should_draft, gate.record = traced_draft, traced_record
     closed_loop(engine, prompts[1:], SamplingParams(temperature=0.0, max_tokens=32), concurrency)
     print("rates (drafted, undrafted) tokens/ms:", gate.rates(concurrency))
+    cost = verifier.cost_model
+    print(
+        f"learnt overhead at {concurrency} requests beyond the profiled price, ms: "
+        f"undrafted {cost.overhead_ms(concurrency, 0):.1f}, drafted 1 deep "
+        f"{cost.overhead_ms(concurrency, 1):.1f}, {cost.num_positions} deep "
+        f"{cost.overhead_ms(concurrency, None):.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -143,7 +143,9 @@ def measure(
         undrafted_steps=stats.undrafted_steps,
         gate_vetoes=stats.gate_vetoes,
         probes=stats.probes,
-        depth_steps=stats.depth_steps[: setting.k + 1] if setting.spec == "adaptive" else [],
+        depth_steps=[stats.depth_steps[d] for d in range(setting.k + 1)]
+        if setting.spec == "adaptive"
+        else [],
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,8 +110,8 @@ class EngineStats:
     undrafted_steps: int = 0  # adaptive: steps where drafting would not have paid
     gate_vetoes: int = 0  # adaptive: of those, steps the cost model drafted but the gate not
     probes: int = 0  # adaptive: drafted steps the cost model declined (``should_probe``)
-    # Adaptive: drafted steps by drafting depth (index d: steps drafted d deep).
-    depth_steps: list[int] = field(default_factory=lambda: [0] * 65)
+    # Adaptive: decided steps by drafting depth (0: undrafted).
+    depth_steps: Counter[int] = field(default_factory=Counter)
     # Host phases of a step (ms, no device sync): drafting as a whole (gate, proposal,
     # budget, allocation), verification and emission, the drafter's context update.
     draft_phase_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
@@ -209,9 +209,8 @@ class LLMEngine:
         self.drafter: Drafter | None = None
         self.verifier: AdaptiveVerifier | None = None
         self.gate: ThroughputGate | None = None
-        self._gate_step: tuple[int, bool] | None = None  # this step's (requests, drafted)
-        # Adaptive: this step's (requests, non-draft tokens, drafting depth, context) for
-        # a cost model that learns from whole steps (``ObservedDraftCost.record_step``).
+        # Adaptive: this step's (requests, non-draft tokens, drafting depth, context), for
+        # the gate and a cost model that learn from whole steps, and for held-back upkeep.
         self._priced_step: tuple[int, int, int, int] | None = None
         self._deferred: list[tuple[list, torch.Tensor]] = []  # held-back context updates
         self._flush_ms = 0.0
@@ -346,7 +345,7 @@ class LLMEngine:
             return []
         phase = step_start = time.perf_counter()
         generated, captures = self.stats.num_generated, self.num_captures()
-        self._gate_step = self._priced_step = None
+        self._priced_step = None
         self._flush_ms = 0.0  # held-back upkeep run in this step (other steps' work)
         drafts, draft_probs = self._draft(chunks)
         self.stats.draft_phase_ms.append((time.perf_counter() - phase) * 1e3)
@@ -523,8 +522,7 @@ class LLMEngine:
         elif not depth and self.gate is not None and self.gate.should_probe(num_reqs):
             depth = self.verifier.probe_depth  # keep the price of drafting measured
             self.stats.probes += bool(depth)
-        self.stats.depth_steps[min(depth, 64)] += 1
-        self._gate_step = (num_reqs, depth > 0)
+        self.stats.depth_steps[depth] += 1
         self._priced_step = (num_reqs, int(batch.non_draft.sum()), depth, batch.context)
         if depth == 0:
             self.verifier.relax(batch.slots[batch.decode_index])
@@ -641,8 +639,8 @@ class LLMEngine:
             return
         rows = np.concatenate([np.arange(row, row + count) for _, _, row, count in kept])
         selected = features[torch.from_numpy(rows).to(features.device)]
-        gate_step = self._gate_step
-        if self.config.defer_upkeep and gate_step is not None and not gate_step[1]:
+        step = self._priced_step  # set when adaptive verification decided this step
+        if self.config.defer_upkeep and step is not None and step[2] == 0:
             items = [(r, start, count, r.num_preemptions) for r, start, _, count in kept]
             self._deferred.append((items, selected))
             if len(self._deferred) >= DEFER_LIMIT:

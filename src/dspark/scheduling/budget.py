@@ -28,7 +28,7 @@ from dspark.scheduling._checks import (
     as_non_negative_int,
     count_total,
 )
-from dspark.scheduling.cost import StepCostModel
+from dspark.scheduling.cost import VERIFY_FLOOR_MS, StepCostModel
 from dspark.scheduling.survival import (
     SORT_MAX_SLOTS,
     bin_keys,
@@ -36,9 +36,6 @@ from dspark.scheduling.survival import (
     scores_in_bins,
     survival_by_position,
 )
-
-# Step costs corrected by measurement (possibly downwards) are floored here.
-_MIN_COST_MS = 1e-6
 
 # Bins are sorted when their bound is within this relative distance of the best
 # boundary, so that rounding in the bin sums never hides the true optimum.
@@ -93,7 +90,7 @@ def depth_rates(
     num_reqs, k = survival.shape
     cap = verify_ms.shape[0] - 1
     rates = np.full(k + 1, -np.inf)
-    rates[0] = num_sampling / max(float(verify_ms[0] + draft_ms[0]), _MIN_COST_MS)
+    rates[0] = num_sampling / max(float(verify_ms[0] + draft_ms[0]), VERIFY_FLOOR_MS)
     if cap == 0 or num_reqs == 0:
         return rates
     columns = np.sort(survival, axis=0)  # ascending, per position
@@ -104,7 +101,7 @@ def depth_rates(
         top = ranked[::-1][:cap]
         gains = np.add.accumulate(top)
         gains += num_sampling
-        gains /= np.maximum(verify_ms[1 : top.shape[0] + 1] + draft_ms[depth], _MIN_COST_MS)
+        gains /= np.maximum(verify_ms[1 : top.shape[0] + 1] + draft_ms[depth], VERIFY_FLOOR_MS)
         rates[depth] = gains.max()
     return rates
 
