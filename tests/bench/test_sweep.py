@@ -58,3 +58,25 @@ def test_compare_reports_ratios_against_best_fixed_and_no_spec():
     [line] = compare(rows)
     assert "0.980x best fixed (K=3)" in line and "1.470x no spec" in line
     assert np.isclose(14.7 / 15.0, 0.98)
+
+
+def test_graph_capture_time_is_left_out_of_tok_s(tiny, monkeypatch):
+    """Host time spent capturing graphs mid-measurement is start-up work: tok/s excludes
+    it, tok_s_wall keeps it."""
+    import dspark.bench.sweep as sweep
+
+    engine = LLMEngine(tiny, EngineConfig(max_num_seqs=2))
+    real_loop = sweep.closed_loop
+
+    def two_second_loop(*args):  # every loop "takes" 2 s of wall time
+        finished, _ = real_loop(*args)
+        return finished, 2.0
+
+    captured = iter([3.0, 3.5])  # 0.5 s of captures while measuring
+    monkeypatch.setattr(sweep, "closed_loop", two_second_loop)
+    monkeypatch.setattr(engine, "capture_seconds", lambda: next(captured))
+    prompts = [[5, 6, 7, i] for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    result = measure(engine, Setting("none", 0), prompts, params, 2)
+    assert result.tokens == 12 and result.capture_s == pytest.approx(0.5)
+    assert result.tok_s == pytest.approx(12 / 1.5) and result.tok_s_wall == pytest.approx(6.0)

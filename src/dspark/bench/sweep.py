@@ -3,14 +3,19 @@
 A closed loop per concurrency level: that many requests are in flight at all times (a
 finished one is replaced by the next prompt) until the level's requests are done, after
 a shorter warm-up loop on other prompts at the same level (graphs captured, adaptive step
-costs measured: the steady state of a serving engine). Every
+costs measured: the steady state of a serving engine). The engine captures CUDA graphs
+lazily, the first time a step shape is met, and the warm-up cannot meet every shape (a
+step's shape follows its tokens, pieces and longest context); the host time of captures
+met while measuring is a start-up cost that an engine capturing ahead pays before serving,
+so aggregate tok/s leaves it out (``tok_s``; ``tok_s_wall`` keeps it, and ``capture_s``
+says how much it was). Every
 configuration runs the same held-out prompts on the same engine settings with the same
 drafter (by default the shipped DSpark drafter of the model, else n-gram). Repeats are
 interleaved (repeat 1 of every configuration, then repeat 2, ...) so that drifts of the
 machine's speed spread over all of them; tables quote medians.
 
 Per configuration and level: aggregate tok/s (generated tokens, each counted once, over
-the level's wall time), per-user tok/s and TPOT p50/p99 from each request's own
+the level's wall time less captures), per-user tok/s and TPOT p50/p99 from each request's own
 timestamps (first token to finish), acceptance length (tokens per decode round, bonus
 included), verified tokens per decode round, and for adaptive the share of wall time
 spent choosing the budget and allocating drafts. Writes a table, JSON and PNG plots.
@@ -57,8 +62,8 @@ class Measurement:
     concurrency: int
     requests: int
     tokens: int
-    seconds: float
-    tok_s: float
+    seconds: float  # wall time of the level
+    tok_s: float  # generated tokens over the wall time less graph captures (steady state)
     per_user_tok_s: float  # median over requests
     tpot_p50_ms: float
     tpot_p99_ms: float
@@ -68,6 +73,8 @@ class Measurement:
     step_ms: float = 0.0  # wall time per engine step
     schedule_us_per_step: float = 0.0  # adaptive: budget + allocation per step
     graph_captures: int = 0  # CUDA graphs captured while measuring (after the warm-up)
+    capture_s: float = 0.0  # host seconds those captures took (left out of tok_s)
+    tok_s_wall: float = 0.0  # generated tokens over the whole wall time, captures included
     undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
     gate_vetoes: int = 0  # adaptive: of those, the throughput gate's (the model drafted)
     probes: int = 0  # adaptive: drafted steps the cost model declined (the gate's probes)
@@ -109,8 +116,9 @@ def measure(
     warm = SamplingParams(temperature=0.0, max_tokens=max(4, params.max_tokens // 4))
     closed_loop(engine, warmup or prompts[:1], warm, concurrency)
     engine.stats.__init__()
-    captures = engine.num_captures()
+    captures, capture_s = engine.num_captures(), engine.capture_seconds()
     finished, seconds = closed_loop(engine, prompts, params, concurrency)
+    capture_s = engine.capture_seconds() - capture_s
     failed = [r for r in finished if r.error]
     if failed:
         raise ValueError(f"{len(failed)} benchmark requests failed: {failed[0].error}")
@@ -130,16 +138,18 @@ def measure(
         requests=len(finished),
         tokens=tokens,
         seconds=seconds,
-        tok_s=tokens / seconds,
+        tok_s=tokens / (seconds - capture_s),
         per_user_tok_s=float(np.median(1.0 / tpot)),
         tpot_p50_ms=float(np.percentile(tpot, 50) * 1e3),
         tpot_p99_ms=float(np.percentile(tpot, 99) * 1e3),
         acceptance_length=stats.acceptance_length,
         verified_per_round=stats.verified_per_step,
-        schedule_share=sum(stats.schedule_ms) / (seconds * 1e3),
-        step_ms=seconds * 1e3 / max(stats.num_steps, 1),
+        schedule_share=sum(stats.schedule_ms) / ((seconds - capture_s) * 1e3),
+        step_ms=(seconds - capture_s) * 1e3 / max(stats.num_steps, 1),
         schedule_us_per_step=sum(stats.schedule_ms) * 1e3 / max(stats.num_steps, 1),
         graph_captures=engine.num_captures() - captures,
+        capture_s=capture_s,
+        tok_s_wall=tokens / seconds,
         undrafted_steps=stats.undrafted_steps,
         gate_vetoes=stats.gate_vetoes,
         probes=stats.probes,
@@ -313,6 +323,8 @@ def summarise(measurements: list[Measurement]) -> dict:
         "step_ms",
         "schedule_us_per_step",
         "graph_captures",
+        "capture_s",
+        "tok_s_wall",
         "undrafted_steps",
         "gate_vetoes",
         "probes",
@@ -334,7 +346,7 @@ def report(
         device = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
     header = (
         f"{'conc':>4} {'setting':>12} {'tok/s':>9} {'user tok/s':>10} {'TPOT p50':>9} "
-        f"{'TPOT p99':>9} {'accept':>6} {'verify':>6} {'step':>8} {'sched%':>6}"
+        f"{'TPOT p99':>9} {'accept':>6} {'verify':>6} {'step':>8} {'sched%':>6} {'capt s':>6}"
     )
     print(header)
     for row in rows:
@@ -343,7 +355,7 @@ def report(
             f"{row['per_user_tok_s']:>10.1f} {row['tpot_p50_ms']:>8.1f}ms "
             f"{row['tpot_p99_ms']:>8.1f}ms {row['acceptance_length']:>6.2f} "
             f"{row['verified_per_round']:>6.2f} {row['step_ms']:>6.1f}ms "
-            f"{100 * row['schedule_share']:>6.2f}"
+            f"{100 * row['schedule_share']:>6.2f} {row['capture_s']:>6.2f}"
         )
     verdicts = compare(rows)
     for line in verdicts:

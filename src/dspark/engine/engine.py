@@ -437,6 +437,10 @@ class LLMEngine:
         """CUDA graphs captured so far by every padded-step runner (target and drafter)."""
         return sum(runner.num_captures for runner in self._runners)
 
+    def capture_seconds(self) -> float:
+        """Host seconds spent capturing those graphs (the device waiting on the host)."""
+        return sum(runner.capture_seconds for runner in self._runners)
+
     def _draft(self, chunks: list[ScheduledChunk]) -> tuple[list[list[int]], list]:
         drafts: list[list[int]] = [[] for _ in chunks]
         probs: list[torch.Tensor | None] = [None] * len(chunks)

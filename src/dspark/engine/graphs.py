@@ -30,6 +30,7 @@ Graphs are captured lazily, the first time a shape is met, into one memory pool.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -129,6 +130,9 @@ class PaddedStepRunner:
         self.graphs: OrderedDict[StepShape, tuple] = OrderedDict()
         self.pool = None
         self.num_captures = 0
+        # Host seconds spent capturing (the device idle, waiting): start-up work in an
+        # engine that captures ahead, met mid-run here because capture is lazy.
+        self.capture_seconds = 0.0
         self.num_runs = 0  # padded steps run (replayed or eager)
         # The staging layout of the largest shape, whose block tables are capped by the
         # most key rows a padded step may gather (larger steps run eagerly).
@@ -296,6 +300,8 @@ class PaddedStepRunner:
             return entry[1]
         if len(self.graphs) >= self.max_graphs:
             self.graphs.popitem(last=False)
+        torch.cuda.synchronize()  # the clock starts once the steps before are done
+        started = time.perf_counter()
         # The staged step is real: run it eagerly (this step's answer), then capture the
         # shape with the same inputs (capturing records kernels and runs nothing).
         if self.num_captures == 0:  # lazy initialisation (cuBLAS handles, workspaces)
@@ -310,6 +316,7 @@ class PaddedStepRunner:
         if self.pool is None:
             self.pool = graph.pool()
         self.num_captures += 1
+        self.capture_seconds += time.perf_counter() - started
         self.graphs[shape] = (graph, outputs)
         graph.replay()
         return outputs
