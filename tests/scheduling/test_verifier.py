@@ -274,3 +274,70 @@ def test_probe_depth_is_the_best_drafted_plan_even_when_not_drafting_wins():
     # Nothing to draft: no probe either.
     assert verifier.drafting_pays(np.array([0]), np.array([0]), np.array([1]), 1) == 0
     assert verifier.probe_depth == 0
+
+
+def _recorded_verifier(rounds, decay=1.0):
+    """Two slots, ``rounds`` a list of [2, 2] confidences recorded in turn."""
+    from dspark.scheduling import CostTables
+
+    tables = CostTables(draft_ms=np.full(3, 4.0), verify_ms=10.0 + 0.1 * np.arange(20.0))
+    verifier = AdaptiveVerifier(2, 2, tables, max_total_logits=16)
+    verifier.predictiveness_decay = decay
+    for slot in range(2):
+        verifier.add_request(slot)
+    for confidences in rounds:
+        verifier.record(np.array([0, 1]), np.asarray(confidences))
+    return verifier
+
+
+def test_predictiveness_is_the_correlation_of_consecutive_rounds_of_a_slot():
+    from dspark.scheduling.verifier import PREDICTIVENESS_MIN_PAIRS
+
+    rng = np.random.default_rng(3)
+    rounds = rng.uniform(0.2, 0.95, (40, 2, 2))
+    # Make consecutive rounds of a slot related: each drifts from its previous one.
+    for t in range(1, 40):
+        rounds[t] = np.clip(0.6 * rounds[t - 1] + 0.4 * rounds[t], 0, 1)
+    verifier = _recorded_verifier(rounds)
+    # The brute-force oracle: expected accepted drafts c0 + c0·c1 per slot and round, and
+    # the correlation over every (previous, next) pair of the same slot (decay 1: plain sums).
+    expected = rounds[:, :, 0] + rounds[:, :, 0] * rounds[:, :, 1]  # [rounds, slots]
+    pairs_x, pairs_y = expected[:-1].ravel(), expected[1:].ravel()
+    assert pairs_x.shape[0] >= PREDICTIVENESS_MIN_PAIRS
+    oracle = np.corrcoef(pairs_x, pairs_y)[0, 1]
+    assert 0.3 < oracle < 1.0
+    assert verifier.predictiveness == pytest.approx(oracle, rel=1e-9)
+    # Too few pairs: the latest round is taken as it is.
+    assert _recorded_verifier(rounds[:10]).predictiveness == 1.0
+    # Rounds that repeat exactly have no spread within a slot but differ across slots:
+    # fully predictive.
+    same = [np.array([[0.9, 0.9], [0.3, 0.5]])] * 40
+    assert _recorded_verifier(same).predictiveness == pytest.approx(1.0)
+
+
+def test_a_small_batch_drafts_from_the_population_when_rounds_do_not_predict_each_other():
+    # Independent rounds (as when acceptance is replayed round by round): the slot's last
+    # round says nothing about its next, so a poor last round must not stop drafting.
+    rng = np.random.default_rng(0)
+    rounds = [rng.choice([0.1, 0.95], size=(2, 1)) * np.ones((2, 2)) for _ in range(80)]
+    poor = np.array([[0.1, 0.1], [0.95, 0.95]])  # slot 0's last round looked poor
+    verifier = _recorded_verifier([*rounds, poor], decay=0.99)
+    assert abs(verifier.predictiveness) < 0.25  # measured, near zero
+    args = (np.array([0]), np.array([2]), np.array([1]), 1)
+    # Shrunk towards the population (about half the rounds at 0.95, half at 0.1), slot 0
+    # is priced near the population's ~0.5 / 0.45 survival: drafting pays (1 / 10.1 =
+    # 0.099 tok/ms without the drafter; about 1.9 / 14.3 = 0.13 with it).
+    assert verifier.drafting_pays(*args) == 2
+    # Taken as it is (fully predictive rounds), the poor round would stop it:
+    # (1 + 0.1 + 0.01) / 14.3 = 0.078 < 0.099.
+    persistent = [poor] * 80
+    assert _recorded_verifier(persistent, decay=0.99).drafting_pays(*args) == 0
+    # The budget keeps the seed's stale confidences, unshrunk: with verifying at 3 ms a
+    # token, slot 0's poor stale round [0.1, 0.01] admits nothing (1 / 17 = 0.059 beats
+    # 1.1 / 20 = 0.055), where the population's ~0.5 would have admitted one.
+    from dspark.scheduling import CostTables, choose_draft_budget
+
+    verifier.record(np.array([0, 1]), poor)  # the poor round becomes the stale one
+    verifier.cost_model = CostTables(draft_ms=np.full(3, 4.0), verify_ms=10 + 3 * np.arange(20.0))
+    assert choose_draft_budget(poor[:1], [2], [1], 1, verifier.cost_model, 16) == 0
+    assert verifier.plan(*args) == 0
