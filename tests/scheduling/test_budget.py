@@ -268,3 +268,44 @@ def test_best_drafting_depth_hand_computed_and_ties_go_shallow():
     # a drafter of 9 ms at every depth loses to the undrafted step: 1.9 / 20 < 0.1.
     assert best_drafting_depth(survival, verify, 1, np.array([10.0, 2.0, 2.0, 2.0])) == 1
     assert best_drafting_depth(survival, verify, 1, np.array([0.0, 9.0, 9.0, 9.0])) == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    data=st.data(),
+    num_reqs=st.integers(1, 6),
+    k=st.integers(1, 5),
+    sampling=st.integers(0, 3),
+)
+def test_depth_rates_match_every_depth_and_budget_by_brute_force(data, num_reqs, k, sampling):
+    from dspark.scheduling.budget import depth_rates
+    from dspark.scheduling.cost import VERIFY_FLOOR_MS
+
+    confidences = data.draw(
+        hnp.arrays(np.float64, (num_reqs, k), elements=st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]))
+    )
+    survival = np.cumprod(confidences, axis=1)
+    cap = data.draw(st.integers(0, num_reqs * k))
+    steps = data.draw(hnp.arrays(np.float64, cap + 1, elements=st.floats(0.0, 3.0)))
+    verify_ms = 5.0 + np.cumsum(steps)  # non-decreasing
+    draft_ms = np.concatenate(
+        (
+            [data.draw(st.floats(0.0, 2.0))],
+            np.sort(data.draw(hnp.arrays(np.float64, k, elements=st.floats(0.0, 4.0)))),
+        )
+    )
+    rates = depth_rates(survival, verify_ms, min(sampling, num_reqs), draft_ms)
+    s = min(sampling, num_reqs)
+    assert rates[0] == pytest.approx(s / max(verify_ms[0] + draft_ms[0], VERIFY_FLOOR_MS))
+    for depth in range(1, k + 1):
+        # Every budget b >= 1 over the slots at positions < depth, ranked by survival.
+        slots = np.sort(survival[:, :depth].ravel())[::-1]
+        best = -np.inf
+        for b in range(1, min(cap, slots.shape[0]) + 1):
+            cost = max(verify_ms[b] + draft_ms[depth], VERIFY_FLOOR_MS)
+            best = max(best, (s + slots[:b].sum()) / cost)
+        assert (
+            rates[depth] == pytest.approx(best, rel=1e-12)
+            if np.isfinite(best)
+            else (rates[depth] == -np.inf)
+        )
