@@ -96,8 +96,12 @@ class AdaptiveVerifier:
         # Slots whose request has had no round recorded yet (they start at 1.0).
         self._unrecorded = np.zeros(max_num_slots, dtype=bool)
         # Running sums over consecutive-round pairs of a slot (previous round's expected
-        # accepted drafts x, the new round's y): weight, x, y, x², y², xy.
-        self._pairs = np.zeros(6)
+        # accepted drafts x, the new round's y): weight, then x and y, then the second
+        # moments [[xx, xy], [xy, yy]]; and the correlation they give, kept up to date.
+        self._pair_weight = 0.0
+        self._pair_sums = np.zeros(2)
+        self._pair_moments = np.zeros((2, 2))
+        self._predictiveness = 1.0
         self.predictiveness_decay = 0.99  # per record() call
         # The depth of the best drafted plan in the last ``drafting_pays``, even when not
         # drafting was better (0: nothing to draft): what a probe of drafting would use.
@@ -138,31 +142,42 @@ class AdaptiveVerifier:
         survival = running_product(confidences.T.astype(np.float64, order="C"))  # [K, n]
         self._fresh[slots] = survival.T
         if slots.size:
-            paired = ~self._unrecorded.take(slots)
-            if paired.any():
-                x = np.add.reduce(previous, axis=1)[paired]
-                y = np.add.reduce(survival, axis=0)[paired]
-                sums = [x.shape[0], x.sum(), y.sum(), x @ x, y @ y, x @ y]
-                self._pairs *= self.predictiveness_decay
-                self._pairs += sums
+            recorded = self._unrecorded.take(slots)
+            if not recorded.all():  # some slots had a round before: pair it with this one
+                pairs = np.stack((previous.sum(axis=1), survival.sum(axis=0)))  # [2, n]
+                if recorded.any():
+                    pairs = pairs[:, ~recorded]
+                self._record_pairs(pairs)
             self._unrecorded[slots] = False
             decay = self.population_decay
             mean = np.add.reduce(survival, axis=1) / slots.shape[0]  # [K]
             self._population_sum = decay * self._population_sum + (1 - decay) * mean
             self._population_weight = decay * self._population_weight + (1 - decay)
 
+    def _record_pairs(self, pairs: np.ndarray) -> None:
+        """Fold ``[2, m]`` (previous, new) expected accepted drafts into the running
+        moments and update ``predictiveness`` (plain floats past the two array calls)."""
+        decay = self.predictiveness_decay
+        self._pair_weight = decay * self._pair_weight + pairs.shape[1]
+        self._pair_sums = decay * self._pair_sums + pairs.sum(axis=1)
+        self._pair_moments = decay * self._pair_moments + pairs @ pairs.T
+        weight = self._pair_weight
+        if weight < PREDICTIVENESS_MIN_PAIRS:
+            return
+        (x, y), ((xx, xy), (_, yy)) = self._pair_sums.tolist(), self._pair_moments.tolist()
+        var_x, var_y = xx / weight - (x / weight) ** 2, yy / weight - (y / weight) ** 2
+        if var_x <= 1e-12 or var_y <= 1e-12:
+            self._predictiveness = 1.0
+            return
+        correlation = (xy / weight - x * y / weight**2) / (var_x * var_y) ** 0.5
+        self._predictiveness = min(max(correlation, 0.0), 1.0)
+
     @property
     def predictiveness(self) -> float:
         """Correlation, in [0, 1], of a slot's expected accepted drafts between consecutive
         recorded rounds (running, decayed per record); 1.0 until
         ``PREDICTIVENESS_MIN_PAIRS`` pairs are seen or when either side has no spread."""
-        weight, x, y, xx, yy, xy = self._pairs
-        if weight < PREDICTIVENESS_MIN_PAIRS:
-            return 1.0
-        var_x, var_y = xx / weight - (x / weight) ** 2, yy / weight - (y / weight) ** 2
-        if var_x <= 1e-12 or var_y <= 1e-12:
-            return 1.0
-        return float(np.clip((xy / weight - x * y / weight**2) / np.sqrt(var_x * var_y), 0, 1))
+        return self._predictiveness
 
     @property
     def population_survival(self) -> np.ndarray:
