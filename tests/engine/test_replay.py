@@ -259,3 +259,34 @@ def test_published_trace_spec_and_its_errors():
         AcceptanceTrace.resolve("published:chat:medusa")
     with pytest.raises(ValueError, match="DOMAIN"):
         AcceptanceTrace.resolve("published:")
+
+
+def test_drafting_decisions_taken_ahead_are_the_ones_taken_in_step(shaped, draft_model):
+    """``EngineConfig.lookahead``: the next step's drafting depth, decided during this
+    step's forward, is used only for the same decoding batch, and then it is the decision
+    the step itself would take (a fixed cost model, nothing learnt in between)."""
+    trace = AcceptanceTrace.load()
+    prompts = [list(range(3 + i, 20 + 2 * i)) for i in range(6)]
+    results = {}
+    for lookahead in ("off", "on"):
+        engine, requests = run(
+            shaped,
+            draft_model,
+            trace,
+            prompts,
+            spec="adaptive",
+            num_drafts=7,
+            max_num_seqs=6,
+            cost_model=BudgetCost(),
+            lookahead=lookahead,
+        )
+        results[lookahead] = (
+            [(admitted, got) for _, admitted, got in engine.round_log],
+            dict(engine.stats.depth_steps),
+            [r.output_ids for r in requests],
+            engine.stats.lookahead_hits,
+        )
+    assert results["off"][:3] == results["on"][:3]
+    depths = results["on"][1]
+    assert len(depths) > 1  # the decision varied, so agreeing is not a coincidence
+    assert results["off"][3] == 0 and results["on"][3] > 10  # most decode steps hit

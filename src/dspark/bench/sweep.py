@@ -79,6 +79,8 @@ class Measurement:
     gate_vetoes: int = 0  # adaptive: of those, the throughput gate's (the model drafted)
     probes: int = 0  # adaptive: drafted steps the cost model declined (the gate's probes)
     depth_steps: list[int] = field(default_factory=list)  # adaptive: steps by depth 0..K
+    lookahead_hits: int = 0  # adaptive: drafting decisions taken during the previous forward
+    lookahead_us_per_step: float = 0.0  # their host time (off the critical path on a GPU)
 
 
 def closed_loop(
@@ -153,6 +155,8 @@ def measure(
         undrafted_steps=stats.undrafted_steps,
         gate_vetoes=stats.gate_vetoes,
         probes=stats.probes,
+        lookahead_hits=stats.lookahead_hits,
+        lookahead_us_per_step=sum(stats.lookahead_ms) * 1e3 / max(stats.num_steps, 1),
         depth_steps=[stats.depth_steps[d] for d in range(setting.k + 1)]
         if setting.spec == "adaptive"
         else [],
@@ -328,6 +332,8 @@ def summarise(measurements: list[Measurement]) -> dict:
         "undrafted_steps",
         "gate_vetoes",
         "probes",
+        "lookahead_hits",
+        "lookahead_us_per_step",
     ):
         row[key] = float(np.median([getattr(m, key) for m in measurements]))
     for key in ("acceptance_length", "verified_per_round"):

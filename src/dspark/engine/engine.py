@@ -74,6 +74,10 @@ class EngineConfig:
     # Adaptive: on steps the gate leaves undrafted, hold the drafter's context updates back
     # and run them batched (every DEFER_LIMIT steps, or before the next drafting step).
     defer_upkeep: bool = True
+    # Adaptive: decide the next step's drafting depth while the device runs this step's
+    # forward, for the same requests ("auto": on for CUDA, where the forward runs
+    # asynchronously; "on", "off"). Used only if the next batch is the same decodes.
+    lookahead: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", SpecMode(self.spec))
@@ -81,6 +85,8 @@ class EngineConfig:
             raise ValueError(f"cuda_graphs must be 'auto', 'on' or 'off', got {self.cuda_graphs!r}")
         if self.draft_vocab not in ("auto", "on", "off"):
             raise ValueError(f"draft_vocab must be 'auto', 'on' or 'off', got {self.draft_vocab!r}")
+        if self.lookahead not in ("auto", "on", "off"):
+            raise ValueError(f"lookahead must be 'auto', 'on' or 'off', got {self.lookahead!r}")
         if self.allocation not in ("auto", "host", "device"):
             raise ValueError(
                 f"allocation must be 'auto', 'host' or 'device', got {self.allocation!r}"
@@ -116,6 +122,10 @@ class EngineStats:
     probes: int = 0  # adaptive: drafted steps the cost model declined (``should_probe``)
     # Adaptive: decided steps by drafting depth (0: undrafted).
     depth_steps: Counter[int] = field(default_factory=Counter)
+    # Adaptive: drafting decisions taken ahead, during the previous step's forward, and
+    # used (the batch was the same decodes); the host time spent taking them.
+    lookahead_hits: int = 0
+    lookahead_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     # Host phases of a step (ms, no device sync): drafting as a whole (gate, proposal,
     # budget, allocation), verification and emission, the drafter's context update.
     draft_phase_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
@@ -218,6 +228,10 @@ class LLMEngine:
         self._priced_step: tuple[int, int, int, int] | None = None
         self._deferred: list[tuple[list, torch.Tensor]] = []  # held-back context updates
         self._flush_ms = 0.0
+        # Adaptive: (step it is for, slots, depth, probe depth) decided ahead.
+        self._ahead: tuple[int, np.ndarray, int, int] | None = None
+        self._step_index = 0
+        self.lookahead = False
         self.round_log: list[tuple[np.ndarray | None, int, int]] | None = None
         if config.spec is not SpecMode.NONE:
             self.drafter = drafter or self._build_drafter(config.drafter)
@@ -253,6 +267,9 @@ class LLMEngine:
                     profile.tables, depth_ms=profile.depth_costs(), num_positions=config.num_drafts
                 )
             self.gate = ThroughputGate() if config.throughput_gate else None
+            self.lookahead = config.lookahead == "on" or (
+                config.lookahead == "auto" and self.device.type == "cuda"
+            )
             self.verifier = AdaptiveVerifier(
                 config.max_num_seqs,
                 config.num_drafts,
@@ -345,6 +362,7 @@ class LLMEngine:
         chunks = self.scheduler.schedule(room)
         if not chunks:
             return []
+        self._step_index += 1
         phase = step_start = time.perf_counter()
         generated, captures = self.stats.num_generated, self.num_captures()
         self._priced_step = None
@@ -373,6 +391,8 @@ class LLMEngine:
             num_query_np,
             np.array(tokens, dtype=np.int64),
         )
+        if self.verifier is not None and self.lookahead:
+            self._look_ahead(chunks, drafts)  # the host's turn while the device computes
         logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]) if rows else None
         self.stats.forward_ms.append(self._clock() - start_time)
         features = torch.cat(captured, dim=-1) if captured else None
@@ -516,12 +536,23 @@ class LLMEngine:
         then the requests are relaxed (nothing is recorded for them this step, so they
         are retried as the population's confidences suggest, never given up for good)."""
         start = time.perf_counter()
-        num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
-        num_drafts[batch.decode_index] = limits
-        depth = self.verifier.drafting_pays(
-            batch.slots, num_drafts, batch.non_draft, batch.num_sampling, batch.context
-        )
         num_reqs = batch.slots.shape[0]
+        ahead, self._ahead = self._ahead, None
+        if (
+            ahead is not None
+            and ahead[0] == self._step_index
+            and batch.num_sampling == num_reqs == batch.decode_index.shape[0]
+            and np.array_equal(ahead[1], batch.slots)
+            and (limits == self.config.num_drafts).all()
+        ):
+            depth, self.verifier.probe_depth = ahead[2], ahead[3]
+            self.stats.lookahead_hits += 1
+        else:
+            num_drafts = np.zeros(num_reqs, dtype=np.int64)
+            num_drafts[batch.decode_index] = limits
+            depth = self.verifier.drafting_pays(
+                batch.slots, num_drafts, batch.non_draft, batch.num_sampling, batch.context
+            )
         if depth and self.gate is not None and not self.gate.should_draft(num_reqs):
             depth = 0  # measured: undrafted steps emit more tokens per ms at this size
             self.stats.gate_vetoes += 1
@@ -534,6 +565,34 @@ class LLMEngine:
             self.verifier.relax(batch.slots[batch.decode_index])
         self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3 + batch.host_ms)
         return depth
+
+    def _look_ahead(self, chunks: list[ScheduledChunk], drafts: list[list[int]]) -> None:
+        """Adaptive, while the device runs this step's forward: the next step's drafting
+        depth for the same requests, decoding with a full K each (``drafting_pays`` on
+        what is recorded now), used by ``_drafting_depth`` only if the next batch is
+        exactly that. It reads past rounds only (lossless as the decision itself); the
+        cost model lacks just this step's timing, which arrives after the forward. Skipped
+        when a prompt chunk is in the batch or a request could come within K drafts of
+        its length limit (its next limit would depend on what this step accepts)."""
+        if not all(c.is_decode for c in chunks):
+            return
+        start = time.perf_counter()
+        k = self.config.num_drafts
+        for chunk, extra in zip(chunks, drafts, strict=True):
+            request = chunk.request
+            left = min(
+                request.params.max_tokens - len(request.output_ids),
+                self.max_model_len - request.num_tokens,
+            )
+            if left - (len(extra) + 1) - 1 < k:  # this step emits up to len(extra) + 1
+                return
+        num_reqs = len(chunks)
+        slots = np.fromiter((c.request.slot for c in chunks), np.int64, num_reqs)
+        context = sum(c.request.num_computed for c in chunks) + num_reqs
+        ones = np.ones(num_reqs, dtype=np.int64)
+        depth = self.verifier.drafting_pays(slots, ones * k, ones, num_reqs, context)
+        self._ahead = (self._step_index + 1, slots, depth, self.verifier.probe_depth)
+        self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
 
     def _admit_adaptively(self, batch: _Batch, drafts: list[list[int]], proposal: Proposal) -> None:
         """Stale budget, fresh allocation (``dspark.scheduling.verifier``)."""
