@@ -270,14 +270,19 @@ def test_best_drafting_depth_hand_computed_and_ties_go_shallow():
     assert best_drafting_depth(survival, verify, 1, np.array([0.0, 9.0, 9.0, 9.0])) == 0
 
 
-@settings(max_examples=150, deadline=None)
+@pytest.mark.parametrize("mask_max_slots", [0, 10_000], ids=["merged", "masked"])
+@settings(max_examples=100, deadline=None)
 @given(
     data=st.data(),
     num_reqs=st.integers(1, 6),
     k=st.integers(1, 5),
     sampling=st.integers(0, 3),
 )
-def test_depth_rates_match_every_depth_and_budget_by_brute_force(data, num_reqs, k, sampling):
+def test_depth_rates_match_every_depth_and_budget_by_brute_force(
+    mask_max_slots, data, num_reqs, k, sampling
+):
+    from unittest import mock
+
     from dspark.scheduling.budget import depth_rates
     from dspark.scheduling.cost import VERIFY_FLOOR_MS
 
@@ -294,8 +299,9 @@ def test_depth_rates_match_every_depth_and_budget_by_brute_force(data, num_reqs,
             np.sort(data.draw(hnp.arrays(np.float64, k, elements=st.floats(0.0, 4.0)))),
         )
     )
-    rates = depth_rates(survival, verify_ms, min(sampling, num_reqs), draft_ms)
     s = min(sampling, num_reqs)
+    with mock.patch.object(budget_module, "DEPTH_MASK_MAX_SLOTS", mask_max_slots):
+        rates = depth_rates(survival, verify_ms, s, draft_ms)
     assert rates[0] == pytest.approx(s / max(verify_ms[0] + draft_ms[0], VERIFY_FLOOR_MS))
     for depth in range(1, k + 1):
         # Every budget b >= 1 over the slots at positions < depth, ranked by survival.

@@ -79,6 +79,11 @@ def best_drafting_depth(
     return best if rates[best] > rates[0] else 0
 
 
+DEPTH_MASK_MAX_SLOTS = 256
+"""Up to this many slots ``depth_rates`` ranks once under a ``[K, slots]`` mask (a dozen
+array calls); beyond it, merging column by column touches less memory and wins."""
+
+
 def depth_rates(
     survival: np.ndarray, verify_ms: np.ndarray, num_sampling: int, draft_ms: np.ndarray
 ) -> np.ndarray:
@@ -86,12 +91,13 @@ def depth_rates(
     0: without the drafter; -inf where a depth has nothing to verify). See
     ``best_drafting_depth``.
 
-    One ranking serves every depth: the slots sorted by survival once, depth ``d`` keeps
-    those at positions ``< d`` (a ``[K, slots]`` mask), so its gain and rank after each
-    kept slot are running sums along the mask, and its best rate is the largest ratio
-    at a kept slot within ``cap``. About a dozen array calls whatever K, where merging
-    column by column took six per depth (the cost that dominated a small batch's step).
-    Ties in survival may rank either way: the gain at a rank does not depend on it.
+    Small batches rank every slot once: depth ``d`` keeps those at positions ``< d`` (a
+    ``[K, slots]`` mask), so its gain and rank after each kept slot are running sums
+    along the mask, and its best rate the largest ratio at a kept slot within ``cap``:
+    about a dozen array calls whatever K. Large ones sort each position's column once
+    and merge them depth by depth (a stable sort of two sorted runs is a merge), which
+    touches K times less memory. Ties in survival may rank either way: the gain at a
+    rank does not depend on it.
     """
     num_reqs, k = survival.shape
     cap = verify_ms.shape[0] - 1
@@ -99,6 +105,15 @@ def depth_rates(
     rates[0] = num_sampling / max(float(verify_ms[0] + draft_ms[0]), VERIFY_FLOOR_MS)
     if cap == 0 or num_reqs == 0:
         return rates
+    if survival.size <= DEPTH_MASK_MAX_SLOTS:
+        rates[1:] = _depth_rates_masked(survival, verify_ms, num_sampling, draft_ms, cap)
+    else:
+        rates[1:] = _depth_rates_merged(survival, verify_ms, num_sampling, draft_ms, cap)
+    return rates
+
+
+def _depth_rates_masked(survival, verify_ms, num_sampling, draft_ms, cap) -> np.ndarray:
+    k = survival.shape[1]
     flat = survival.ravel()  # request-major: slot i sits at position i % k
     order = np.argsort(flat)[::-1]  # descending survival
     kept = (order % k)[None, :] < np.arange(1, k + 1)[:, None]  # [K, slots]: depth d = row d-1
@@ -109,7 +124,22 @@ def depth_rates(
     np.maximum(costs, VERIFY_FLOOR_MS, out=costs)
     gains /= costs
     gains[~kept | (ranks > cap)] = -np.inf
-    rates[1:] = gains.max(axis=1)
+    return gains.max(axis=1)
+
+
+def _depth_rates_merged(survival, verify_ms, num_sampling, draft_ms, cap) -> np.ndarray:
+    k = survival.shape[1]
+    rates = np.empty(k)
+    columns = np.sort(survival, axis=0)  # ascending, per position
+    ranked = columns[:, 0]
+    for depth in range(1, k + 1):
+        if depth > 1:
+            ranked = np.sort(np.concatenate((ranked, columns[:, depth - 1])), kind="stable")
+        top = ranked[::-1][:cap]
+        gains = np.add.accumulate(top)
+        gains += num_sampling
+        gains /= np.maximum(verify_ms[1 : top.shape[0] + 1] + draft_ms[depth], VERIFY_FLOOR_MS)
+        rates[depth - 1] = gains.max()
     return rates
 
 

@@ -99,9 +99,10 @@ class AdaptiveVerifier:
         # accepted drafts x, the new round's y): weight, then x and y, then the second
         # moments [[xx, xy], [xy, yy]]; and the correlation they give, kept up to date.
         self._pair_weight = 0.0
-        self._pair_sums = np.zeros(2)
-        self._pair_moments = np.zeros((2, 2))
+        self._pair_moments = [0.0] * 5  # x, y, xx, yy, xy
         self._predictiveness = 1.0
+        # Each slot's latest survival summed over positions (its expected accepted drafts).
+        self._expected = np.full(max_num_slots, float(num_positions))
         self.predictiveness_decay = 0.99  # per record() call
         # The depth of the best drafted plan in the last ``drafting_pays``, even when not
         # drafting was better (0: nothing to draft): what a probe of drafting would use.
@@ -118,6 +119,7 @@ class AdaptiveVerifier:
             raise ValueError(f"slot {slot} already holds a request; remove it first")
         self._fresh[slot] = 1.0
         self._stale[slot] = 1.0
+        self._expected[slot] = float(self.num_positions)
         self._is_active[slot] = True
         self._unrecorded[slot] = True
 
@@ -142,34 +144,37 @@ class AdaptiveVerifier:
         survival = running_product(confidences.T.astype(np.float64, order="C"))  # [K, n]
         self._fresh[slots] = survival.T
         if slots.size:
-            recorded = self._unrecorded.take(slots)
-            if not recorded.all():  # some slots had a round before: pair it with this one
-                pairs = np.stack((previous.sum(axis=1), survival.sum(axis=0)))  # [2, n]
-                if recorded.any():
-                    pairs = pairs[:, ~recorded]
-                self._record_pairs(pairs)
+            expected = np.add.reduce(survival, axis=0)  # [n]
+            before = self._expected.take(slots)
+            self._expected[slots] = expected
+            unrecorded = self._unrecorded.take(slots)
+            if unrecorded.any():  # only slots with a round before pair it with this one
+                before, expected = before[~unrecorded], expected[~unrecorded]
+            if before.shape[0]:
+                self._record_pairs(before, expected)
             self._unrecorded[slots] = False
             decay = self.population_decay
             mean = np.add.reduce(survival, axis=1) / slots.shape[0]  # [K]
             self._population_sum = decay * self._population_sum + (1 - decay) * mean
             self._population_weight = decay * self._population_weight + (1 - decay)
 
-    def _record_pairs(self, pairs: np.ndarray) -> None:
-        """Fold ``[2, m]`` (previous, new) expected accepted drafts into the running
-        moments and update ``predictiveness`` (plain floats past the two array calls)."""
+    def _record_pairs(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Fold pairs of (previous, new) expected accepted drafts into the running moments
+        and update ``predictiveness`` (five reductions, then plain floats)."""
         decay = self.predictiveness_decay
-        self._pair_weight = decay * self._pair_weight + pairs.shape[1]
-        self._pair_sums = decay * self._pair_sums + pairs.sum(axis=1)
-        self._pair_moments = decay * self._pair_moments + pairs @ pairs.T
-        weight = self._pair_weight
+        sums = (x.sum(), y.sum(), x @ x, y @ y, x @ y)
+        self._pair_moments = [
+            decay * old + float(new) for old, new in zip(self._pair_moments, sums, strict=True)
+        ]
+        self._pair_weight = weight = decay * self._pair_weight + x.shape[0]
         if weight < PREDICTIVENESS_MIN_PAIRS:
             return
-        (x, y), ((xx, xy), (_, yy)) = self._pair_sums.tolist(), self._pair_moments.tolist()
-        var_x, var_y = xx / weight - (x / weight) ** 2, yy / weight - (y / weight) ** 2
+        sx, sy, sxx, syy, sxy = self._pair_moments
+        var_x, var_y = sxx / weight - (sx / weight) ** 2, syy / weight - (sy / weight) ** 2
         if var_x <= 1e-12 or var_y <= 1e-12:
             self._predictiveness = 1.0
             return
-        correlation = (xy / weight - x * y / weight**2) / (var_x * var_y) ** 0.5
+        correlation = (sxy / weight - sx * sy / weight**2) / (var_x * var_y) ** 0.5
         self._predictiveness = min(max(correlation, 0.0), 1.0)
 
     @property
@@ -196,7 +201,11 @@ class AdaptiveVerifier:
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"weight must be in [0, 1], got {weight}")
         latest = self._fresh.take(slots, axis=0)
-        self._fresh[slots] = (1 - weight) * latest + weight * self._population()
+        population = self._population()
+        self._fresh[slots] = (1 - weight) * latest + weight * population
+        self._expected[slots] = (1 - weight) * self._expected.take(
+            slots
+        ) + weight * population.sum()
 
     def plan(
         self,
