@@ -8,7 +8,8 @@ lazily, the first time a step shape is met, and the warm-up cannot meet every sh
 step's shape follows its tokens, pieces and longest context); the host time of captures
 met while measuring is a start-up cost that an engine capturing ahead pays before serving,
 so aggregate tok/s leaves it out (``tok_s``; ``tok_s_wall`` keeps it, and ``capture_s``
-says how much it was). Every
+says how much it was); per-request TPOT and per-user tok/s come from the requests' own
+timestamps and keep it (a capture delays the requests of its step). Every
 configuration runs the same held-out prompts on the same engine settings with the same
 drafter (by default the shipped DSpark drafter of the model, else n-gram). Repeats are
 interleaved (repeat 1 of every configuration, then repeat 2, ...) so that drifts of the
@@ -80,7 +81,7 @@ class Measurement:
     probes: int = 0  # adaptive: drafted steps the cost model declined (the gate's probes)
     depth_steps: list[int] = field(default_factory=list)  # adaptive: steps by depth 0..K
     lookahead_hits: int = 0  # adaptive: drafting decisions taken during the previous forward
-    lookahead_us_per_step: float = 0.0  # their host time (off the critical path on a GPU)
+    lookahead_us_per_step: float = 0.0  # look-ahead host time, used or not (during forwards)
 
 
 def closed_loop(

@@ -123,7 +123,7 @@ class EngineStats:
     # Adaptive: decided steps by drafting depth (0: undrafted).
     depth_steps: Counter[int] = field(default_factory=Counter)
     # Adaptive: drafting decisions taken ahead, during the previous step's forward, and
-    # used (the batch was the same decodes); the host time spent taking them.
+    # used (the batch was the same decodes); the host time spent taking them, used or not.
     lookahead_hits: int = 0
     lookahead_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     # Host phases of a step (ms, no device sync): drafting as a whole (gate, proposal,
@@ -570,10 +570,13 @@ class LLMEngine:
         """Adaptive, while the device runs this step's forward: the next step's drafting
         depth for the same requests, decoding with a full K each (``drafting_pays`` on
         what is recorded now), used by ``_drafting_depth`` only if the next batch is
-        exactly that. It reads past rounds only (lossless as the decision itself); the
-        cost model lacks just this step's timing, which arrives after the forward. Skipped
-        when a prompt chunk is in the batch or a request could come within K drafts of
-        its length limit (its next limit would depend on what this step accepts)."""
+        exactly that. It reads rounds already recorded (this step's among them), never
+        the next step's drafts, which do not exist yet: as lossless as deciding at the
+        next step. Against that decision it lacks this step's timing (the cost model
+        learns it after the forward) and this step's accepted drafts in the context
+        count it passes (no shipped cost model reads the context). Skipped when a prompt
+        chunk is in the batch or a request could come within K drafts of its length
+        limit (its next limit would depend on what this step accepts)."""
         if not all(c.is_decode for c in chunks):
             return
         start = time.perf_counter()
@@ -602,9 +605,16 @@ class LLMEngine:
         confidences = proposal.confidences
         if confidences is None:
             confidences = self.acceptance.confidences(decode_index.shape[0])
-        self.verifier.record(batch.slots[decode_index], np.asarray(confidences)[:, :k])
         num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
         num_drafts[decode_index] = [len(drafts[i]) for i in decode_index]
+        # Only requests with drafts have confidences to record (one at its length limit,
+        # or not yet ready to draft, proposed none: its zero row is no round of its own).
+        drafted = num_drafts[decode_index] > 0
+        rows = np.asarray(confidences)[:, :k]
+        if drafted.all():
+            self.verifier.record(batch.slots[decode_index], rows)
+        elif drafted.any():
+            self.verifier.record(batch.slots[decode_index[drafted]], rows[drafted])
         budget = self.verifier.plan(
             batch.slots, num_drafts, batch.non_draft, batch.num_sampling, batch.context
         )

@@ -302,8 +302,9 @@ class PaddedStepRunner:
             self.graphs.popitem(last=False)
         torch.cuda.synchronize()  # the clock starts once the steps before are done
         started = time.perf_counter()
-        # The staged step is real: run it eagerly (this step's answer), then capture the
-        # shape with the same inputs (capturing records kernels and runs nothing).
+        # Capture the shape with this step's staged inputs (capturing records kernels and
+        # runs nothing), then replay it for this step's answer. The very first capture
+        # runs the body once on a side stream to initialise cuBLAS handles and workspaces.
         if self.num_captures == 0:  # lazy initialisation (cuBLAS handles, workspaces)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())

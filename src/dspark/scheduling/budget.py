@@ -80,8 +80,9 @@ def best_drafting_depth(
 
 
 DEPTH_MASK_MAX_SLOTS = 256
-"""Up to this many slots ``depth_rates`` ranks once under a ``[K, slots]`` mask (a dozen
-array calls); beyond it, merging column by column touches less memory and wins."""
+"""Up to this many draft slots (requests x K: 36 requests at K = 7) ``depth_rates`` ranks
+once under a ``[K, slots]`` mask (a dozen array calls); beyond it, merging column by
+column touches less memory and wins."""
 
 
 def depth_rates(

@@ -32,7 +32,8 @@ recorded round), and the request is retried once that average says drafting pays
 
 How much one round says about the next is measured, not assumed. Each ``record`` pairs
 every slot's previous round with its new one (expected accepted drafts, the survival
-summed over positions) and keeps a running correlation of the pairs (``predictiveness``).
+summed over positions; a round ``relax`` moved towards the population counts as moved)
+and keeps a running correlation of the pairs (``predictiveness``).
 ``drafting_pays`` prices each request at ``population + predictiveness · (latest -
 population)``: the best linear prediction of its coming round. Where rounds barely
 predict each other (a lag-one correlation of 0.24 in the shipped SmolLM2 drafter's
@@ -242,15 +243,15 @@ class AdaptiveVerifier:
         a step without the drafter (``best_drafting_depth``). A model that prices every
         depth alike gets the shallowest depth that holds its best plan's drafts.
 
-        Only the latest *recorded* confidences are read (drafts already verified; a
-        request with none recorded yet counts as the population's average,
-        ``population_survival``), shrunk towards the population by ``predictiveness``
-        (module doc), so the decision cannot depend on the drafts it would
-        produce; when the answer is 0, ``relax`` the slots. A cost model without
-        ``draft_cost_ms`` keeps the seed's behaviour (draft whenever the budget is > 0),
-        as deep as the budget could reach. ``probe_depth`` keeps the best drafted plan's
-        depth even when the answer is 0 (an engine that probes drafting now and then,
-        so that a learnt price can come back down, drafts that deep).
+        Only the latest *recorded* confidences are read (drafts already proposed, verified
+        or being verified, never those of the step decided; a request with none recorded
+        yet counts as the population's average, ``population_survival``), shrunk towards
+        the population by ``predictiveness`` (module doc), so the decision cannot depend
+        on the drafts it would produce; when the answer is 0, ``relax`` the slots. A cost
+        model without ``draft_cost_ms`` keeps the seed's behaviour (draft whenever the
+        budget is > 0), as deep as the budget could reach. ``probe_depth`` keeps the best
+        drafted plan's depth even when the answer is 0 (an engine that probes drafting
+        now and then, so that a learnt price can come back down, drafts that deep).
         """
         slots = self._check_slots(slots)
         latest = self._fresh.take(slots, axis=0)
