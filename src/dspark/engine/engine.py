@@ -509,12 +509,15 @@ class LLMEngine:
             self._admit_adaptively(batch, drafts, proposal)
         return drafts, probs
 
-    def _draft_limit(self, chunk: ScheduledChunk) -> int:
-        request = chunk.request
-        left = min(
+    def _tokens_left(self, request: Request) -> int:
+        """Tokens the request may still emit (its max_tokens, the model's length)."""
+        return min(
             request.params.max_tokens - len(request.output_ids),
             self.max_model_len - request.num_tokens,
         )
+
+    def _draft_limit(self, chunk: ScheduledChunk) -> int:
+        left = self._tokens_left(chunk.request)
         return max(0, min(self.config.num_drafts, chunk.draft_room, left - 1))
 
     def _batch_shape(self, chunks: list[ScheduledChunk], decode_index: list[int]) -> _Batch:
@@ -582,12 +585,8 @@ class LLMEngine:
         start = time.perf_counter()
         k = self.config.num_drafts
         for chunk, extra in zip(chunks, drafts, strict=True):
-            request = chunk.request
-            left = min(
-                request.params.max_tokens - len(request.output_ids),
-                self.max_model_len - request.num_tokens,
-            )
-            if left - (len(extra) + 1) - 1 < k:  # this step emits up to len(extra) + 1
+            # This step emits up to len(extra) + 1 tokens; the next limit must stay K.
+            if self._tokens_left(chunk.request) - (len(extra) + 1) - 1 < k:
                 return
         num_reqs = len(chunks)
         slots = np.fromiter((c.request.slot for c in chunks), np.int64, num_reqs)

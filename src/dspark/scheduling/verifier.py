@@ -102,8 +102,6 @@ class AdaptiveVerifier:
         self._pair_weight = 0.0
         self._pair_moments = [0.0] * 5  # x, y, xx, yy, xy
         self._predictiveness = 1.0
-        # Each slot's latest survival summed over positions (its expected accepted drafts).
-        self._expected = np.full(max_num_slots, float(num_positions))
         self.predictiveness_decay = 0.99  # per record() call
         # The depth of the best drafted plan in the last ``drafting_pays``, even when not
         # drafting was better (0: nothing to draft): what a probe of drafting would use.
@@ -120,7 +118,6 @@ class AdaptiveVerifier:
             raise ValueError(f"slot {slot} already holds a request; remove it first")
         self._fresh[slot] = 1.0
         self._stale[slot] = 1.0
-        self._expected[slot] = float(self.num_positions)
         self._is_active[slot] = True
         self._unrecorded[slot] = True
 
@@ -145,9 +142,8 @@ class AdaptiveVerifier:
         survival = running_product(confidences.T.astype(np.float64, order="C"))  # [K, n]
         self._fresh[slots] = survival.T
         if slots.size:
-            expected = np.add.reduce(survival, axis=0)  # [n]
-            before = self._expected.take(slots)
-            self._expected[slots] = expected
+            # Expected accepted drafts (survival summed over positions), before and now.
+            before, expected = previous.sum(axis=1), np.add.reduce(survival, axis=0)
             unrecorded = self._unrecorded.take(slots)
             if unrecorded.any():  # only slots with a round before pair it with this one
                 before, expected = before[~unrecorded], expected[~unrecorded]
@@ -202,11 +198,7 @@ class AdaptiveVerifier:
         if not 0.0 <= weight <= 1.0:
             raise ValueError(f"weight must be in [0, 1], got {weight}")
         latest = self._fresh.take(slots, axis=0)
-        population = self._population()
-        self._fresh[slots] = (1 - weight) * latest + weight * population
-        self._expected[slots] = (1 - weight) * self._expected.take(
-            slots
-        ) + weight * population.sum()
+        self._fresh[slots] = (1 - weight) * latest + weight * self._population()
 
     def plan(
         self,
