@@ -132,7 +132,7 @@ def test_binned_threshold_allocates_like_the_tie_rule_on_small_batches(num_bins,
     ranked = sorted(slots, key=lambda kr: -survival[kr[1], kr[0]])
     expected = np.bincount([r for _, r in ranked[:budget]], minlength=len(drafts))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(survival_module, "SORT_MAX_SLOTS", 0)
+        patch.setattr(survival_module, "RANKING", "bins")
         patch.setattr(survival_module, "num_bins_for", lambda num_slots: num_bins)
         admitted = allocate_drafts(conf, drafts, budget)
     assert admitted.tolist() == expected.tolist()
@@ -145,7 +145,7 @@ def test_ties_at_the_threshold_go_to_earlier_positions_then_lower_requests():
     conf = np.array([[0.5, 1.0, 0.1], [0.5, 1.0, 0.1], [0.5, 1.0, 0.1]])
     assert allocate_drafts(conf, [3, 3, 3], 4).tolist() == [2, 1, 1]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(survival_module, "SORT_MAX_SLOTS", 0)
+        patch.setattr(survival_module, "RANKING", "bins")
         assert allocate_drafts(conf, [3, 3, 3], 4).tolist() == [2, 1, 1]
 
 
@@ -164,5 +164,5 @@ def test_binned_kth_largest_with_zeros_ties_and_signed_zero(size, seed, kind):
         scores[rng.random(size) < 0.3] = -0.0  # a product with a -0.0 confidence
     k = int(rng.integers(1, size + 1))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(survival_module, "SORT_MAX_SLOTS", 0)
+        patch.setattr(survival_module, "RANKING", "bins")
         assert kth_largest(scores, k) == np.sort(scores)[::-1][k - 1]

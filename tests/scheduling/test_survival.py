@@ -1,10 +1,18 @@
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from dspark.scheduling.survival import bin_keys, scores_in_bins, survival_by_position
+import dspark.scheduling.survival as survival_module
+from dspark.scheduling.survival import (
+    bin_keys,
+    scores_in_bins,
+    sorting_is_faster,
+    survival_by_position,
+)
 from tests.oracles import survival_rows
 
 unit = st.one_of(
@@ -55,3 +63,35 @@ def test_survival_is_the_left_to_right_running_product(num_reqs):
     assert np.array_equal(survival, expected)
     full = survival_by_position(conf, np.full(num_reqs, 5), True)
     assert np.array_equal(full, survival_rows(conf).T)
+
+
+def test_ranking_choice_is_measured_once_per_size_class_and_can_be_pinned():
+    calls = {"sort": [], "bins": []}
+
+    def slow_sort(scores, rank):
+        calls["sort"].append(scores.shape[0])
+        time.sleep(0.002)
+
+    def quick_bins(scores, rank):
+        calls["bins"].append(scores.shape[0])
+
+    wins: dict[int, bool] = {}
+    limit = survival_module.SORT_MAX_SLOTS
+    # Small batches always sort, without measuring.
+    assert sorting_is_faster(wins, limit, slow_sort, quick_bins)
+    assert calls == {"sort": [], "bins": []} and wins == {}
+    # The first batch of a class measures both ways on the class's middle size...
+    assert not sorting_is_faster(wins, 3000, slow_sort, quick_bins)
+    rounds = survival_module._CALIBRATION_ROUNDS
+    assert len(calls["sort"]) == len(calls["bins"]) == rounds
+    assert 2048 <= calls["sort"][0] < 4096 and set(calls["sort"]) == set(calls["bins"])
+    # ...and every later batch of the class reuses the answer; another class measures.
+    assert not sorting_is_faster(wins, 4095, slow_sort, quick_bins)
+    assert len(calls["sort"]) == rounds and list(wins) == [12]
+    assert sorting_is_faster(wins, 5000, quick_bins, slow_sort)  # here sorting is quicker
+    assert wins == {12: False, 13: True}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(survival_module, "RANKING", "bins")
+        assert not sorting_is_faster(wins, 1, quick_bins, slow_sort)
+        patch.setattr(survival_module, "RANKING", "sort")
+        assert sorting_is_faster(wins, 4000, slow_sort, quick_bins)

@@ -35,8 +35,8 @@ from dspark.scheduling import (
     choose_draft_budget,
 )
 from dspark.scheduling._checks import as_confidences, as_draft_counts, count_total
-from dspark.scheduling.budget import best_budget
-from dspark.scheduling.survival import survival_by_position
+from dspark.scheduling.budget import best_budget, search_sorts
+from dspark.scheduling.survival import survival_by_position, threshold_partitions
 
 NUM_POSITIONS = 7
 PROFILE_CONTEXT = 8192
@@ -80,6 +80,7 @@ class SizeResult:
     median_budget: float
     us: dict[str, float] = field(default_factory=dict)
     budget_mismatches: int = 0
+    ranking: str = ""  # how the budget / the allocation's threshold ranked the slots
 
 
 def h200_seed_tables(max_num_reqs: int) -> CostTables:
@@ -200,6 +201,11 @@ def bench_size(config: BenchConfig, num_reqs: int, tables: CostTables) -> SizeRe
             config.torch_device, batches, allocation_budget
         )
     result.us = median_us_per_call(cases, batches, config.repeats)
+    num_slots = num_reqs * NUM_POSITIONS
+    result.ranking = (
+        f"{'sort' if search_sorts(num_slots) else 'bins'}/"
+        f"{'partition' if threshold_partitions(num_slots) else 'bins'}"
+    )
     if config.torch_device == "cuda":
         result.us |= _torch_allocate_cuda_us(batches, allocation_budget, config.repeats)
     return result
@@ -298,7 +304,14 @@ def run(config: BenchConfig) -> list[SizeResult]:
 
 def format_table(results: Sequence[SizeResult]) -> str:
     names = list(results[0].us)
-    header = ["num_reqs", "budget b*", *[f"{n} µs" for n in names], "seed/ours", "mismatch"]
+    header = [
+        "num_reqs",
+        "budget b*",
+        *[f"{n} µs" for n in names],
+        "seed/ours",
+        "mismatch",
+        "ranking",
+    ]
     rows = [
         [
             str(r.num_reqs),
@@ -306,6 +319,7 @@ def format_table(results: Sequence[SizeResult]) -> str:
             *[f"{r.us[n]:.1f}" for n in names],
             f"{r.us['seed_budget'] / r.us['budget']:.1f}x",
             str(r.budget_mismatches),
+            r.ranking,
         ]
         for r in results
     ]

@@ -5,7 +5,8 @@ cut to ``cap``, ``gain[b] = num_sampling + sum(scores[:b])`` expected tokens ove
 ``cost[b]``, the step cost with ``b`` drafts; the budget is the smallest ``b``
 maximising ``gain[b] / cost[b]``.
 
-For large batches the search never sorts everything. The scores are binned by value
+For large batches on machines where sorting is slow (without AVX-512: see ``survival``,
+which measures), the search never sorts everything. The scores are binned by value
 from the top down (see ``survival``); one bincount gives every bin's count, another its
 sum, and their running totals the rank at which each bin ends and the exact gain there.
 Inside a bin the gain is at most the gain at its end and the cost at least the cost
@@ -30,10 +31,10 @@ from dspark.scheduling._checks import (
 )
 from dspark.scheduling.cost import VERIFY_FLOOR_MS, StepCostModel
 from dspark.scheduling.survival import (
-    SORT_MAX_SLOTS,
     bin_keys,
     num_bins_for,
     scores_in_bins,
+    sorting_is_faster,
     survival_by_position,
 )
 
@@ -56,9 +57,35 @@ def best_budget(scores: np.ndarray, cap: int, num_sampling: int, costs: np.ndarr
     """
     if cap == 0:
         return 0
-    if scores.shape[0] <= SORT_MAX_SLOTS:
+    if search_sorts(scores.shape[0]):
         return _best_budget_sorted(scores, cap, num_sampling, costs)
     return _best_budget_binned(scores, cap, num_sampling, costs)
+
+
+def search_sorts(num_slots: int) -> bool:
+    """Whether the budget search sorts all ``num_slots`` scores (else it bins them) on
+    this machine: measured once per size class, see ``survival.sorting_is_faster``."""
+    return sorting_is_faster(_SORT_WINS, num_slots, _sorted_trial, _binned_trial)
+
+
+_SORT_WINS: dict[int, bool] = {}
+
+
+def _trial_costs(num_slots: int) -> np.ndarray:
+    # A cost curve with one step and a linear tail, as profiled tables look.
+    costs = np.linspace(6.0, 12.0, num_slots + 1)
+    costs[: num_slots // 8] = 6.0
+    return costs
+
+
+def _sorted_trial(scores: np.ndarray, _rank: int) -> int:
+    num_slots = scores.shape[0]
+    return _best_budget_sorted(scores, num_slots, num_slots // 7, _trial_costs(num_slots))
+
+
+def _binned_trial(scores: np.ndarray, _rank: int) -> int:
+    num_slots = scores.shape[0]
+    return _best_budget_binned(scores, num_slots, num_slots // 7, _trial_costs(num_slots))
 
 
 def best_drafting_depth(
@@ -145,10 +172,16 @@ def _depth_rates_merged(survival, verify_ms, num_sampling, draft_ms, cap) -> np.
 
 
 def _best_budget_sorted(scores: np.ndarray, cap: int, num_sampling: int, costs: np.ndarray) -> int:
+    # Negated scores sort ascending into the descending order of the scores, so the
+    # running sum reads forwards (several times faster than over a reversed view). The
+    # sum of negated terms is exactly the negated sum, and s - (-g) exactly s + g: the
+    # gains are bit for bit the seed's.
+    ranked = np.negative(scores)
+    ranked.sort()
     gain = np.empty(cap + 1)
     gain[0] = 0.0
-    np.add.accumulate(np.sort(scores)[::-1][:cap], out=gain[1:])
-    gain += num_sampling
+    np.add.accumulate(ranked[:cap], out=gain[1:])
+    np.subtract(num_sampling, gain, out=gain)
     gain /= costs
     return int(gain.argmax())
 

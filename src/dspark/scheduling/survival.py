@@ -14,16 +14,32 @@ each bin ends, and only the members of the bins that matter are sorted. Members 
 selected by key, never by a recomputed value bound, so a selection always holds exactly
 the counted slots. (Keys run from the top so that every later array is read forwards:
 NumPy's accumulate and argmax are several times slower on reversed views.)
+
+Whether binning pays depends on the machine: NumPy sorts and partitions float64 with
+SIMD (x86-simd-sort) where the CPU has AVX-512, about three times faster than without,
+and there ranking everything wins up to several thousand slots. So above
+``SORT_MAX_SLOTS`` the choice is measured, once per size class and decision, on the
+first batch of that class (``sorting_is_faster``). Both ways give the same answers.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
+from collections.abc import Callable
 
 import numpy as np
 
 SORT_MAX_SLOTS = 1024
-"""Up to this many slots a full sort is cheaper than binning (measured on 2 cores)."""
+"""Up to this many slots ranking everything always beats binning (on 2-core machines with
+and without AVX-512); above it ``sorting_is_faster`` measures."""
+
+RANKING = "measured"
+"""How batches above ``SORT_MAX_SLOTS`` are ranked: ``"measured"`` (whichever is faster
+on this machine), or pinned to ``"sort"`` or ``"bins"``; pinned, it applies to every size
+(tests pin ``"bins"`` to exercise binning on small batches)."""
+
+_CALIBRATION_ROUNDS = 5
 
 ACCUMULATE_MAX_REQS = 96
 """Up to this many requests one ``multiply.accumulate`` call is cheaper than a loop over
@@ -96,9 +112,19 @@ def scores_in_bins(scores: np.ndarray, keys: np.ndarray, low_key: int, high_key:
 
 def kth_largest(scores: np.ndarray, k: int) -> float:
     """The ``k``-th largest (1-based) of scores in [0, 1]."""
+    if threshold_partitions(scores.shape[0]):
+        return _kth_by_partition(scores, k)
+    return _kth_by_bins(scores, k)
+
+
+def threshold_partitions(num_slots: int) -> bool:
+    """Whether ``kth_largest`` partitions all ``num_slots`` scores (else it bins them) on
+    this machine (``sorting_is_faster``)."""
+    return sorting_is_faster(_KTH_SORT_WINS, num_slots, _kth_by_partition, _kth_by_bins)
+
+
+def _kth_by_bins(scores: np.ndarray, k: int) -> float:
     num_slots = scores.shape[0]
-    if num_slots <= SORT_MAX_SLOTS:
-        return float(np.partition(scores, num_slots - k)[num_slots - k])
     num_bins = num_bins_for(num_slots)
     keys = bin_keys(scores, num_bins)
     # Slots in each bin and every bin above it; the k-th largest lies in the first bin
@@ -109,3 +135,50 @@ def kth_largest(scores: np.ndarray, k: int) -> float:
     rank = k - (int(at_or_above[key - 1]) if key else 0)  # its rank among the members
     members.partition(members.shape[0] - rank)  # a new array: partitioned in place
     return float(members[-rank])
+
+
+def _kth_by_partition(scores: np.ndarray, k: int) -> float:
+    return float(np.partition(scores, scores.shape[0] - k)[scores.shape[0] - k])
+
+
+_KTH_SORT_WINS: dict[int, bool] = {}
+
+
+def sorting_is_faster(
+    wins: dict[int, bool],
+    num_slots: int,
+    by_sorting: Callable[[np.ndarray, int], object],
+    by_binning: Callable[[np.ndarray, int], object],
+) -> bool:
+    """Whether ranking all ``num_slots`` scores beats binning them, for one decision.
+
+    ``wins`` caches the answer per size class (slot counts of one bit length); a class
+    not seen yet is measured now: both ways run on the same synthetic survival scores
+    of the class's middle size (K = 7 products of confidences), alternating,
+    ``_CALIBRATION_ROUNDS`` times, and the faster minimum wins. That costs a few
+    milliseconds once per class. ``by_*`` take ``(scores, rank)``, the rank a third of
+    the slots down, where budgets and thresholds usually sit.
+    """
+    if RANKING != "measured":
+        return RANKING == "sort"
+    if num_slots <= SORT_MAX_SLOTS:
+        return True
+    size_class = num_slots.bit_length()
+    answer = wins.get(size_class)
+    if answer is None:
+        answer = wins[size_class] = _sorting_measured_faster(size_class, by_sorting, by_binning)
+    return answer
+
+
+def _sorting_measured_faster(size_class: int, by_sorting, by_binning) -> bool:
+    num_reqs = 3 * (1 << (size_class - 2)) // 7 + 1  # the class's middle size, at K = 7
+    rng = np.random.default_rng(size_class)
+    scores = running_product(rng.uniform(0.5, 1.0, (7, num_reqs))).ravel()
+    rank = scores.shape[0] // 3
+    best = {by_sorting: float("inf"), by_binning: float("inf")}
+    for _ in range(_CALIBRATION_ROUNDS):
+        for way in best:
+            start = time.perf_counter_ns()
+            way(scores, rank)
+            best[way] = min(best[way], time.perf_counter_ns() - start)
+    return best[by_sorting] <= best[by_binning]
