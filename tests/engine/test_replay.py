@@ -330,6 +330,11 @@ def test_drafting_decisions_taken_ahead_are_the_ones_taken_in_step(
     off, off_requests, off_depths = _adaptive_run(shaped, draft_model, "off", monkeypatch)
     on, on_requests, on_depths = _adaptive_run(shaped, draft_model, "on", monkeypatch)
     assert on_depths == off_depths  # step by step
+    # Budgets planned ahead (their rounds recorded during the forward) are the step's own.
+    assert list(on.stats.budgets) == list(off.stats.budgets)
+    assert len(set(on.stats.budgets)) > 2
+    assert 10 <= on.stats.lookahead_plans <= on.stats.lookahead_hits
+    assert off.stats.lookahead_plans == 0
     assert [r[1:] for r in on.round_log] == [r[1:] for r in off.round_log]
     assert [r.output_ids for r in on_requests] == [r.output_ids for r in off_requests]
     assert len(set(on_depths)) > 2  # the decision varied, so agreeing is no coincidence

@@ -43,6 +43,47 @@ def test_budget_uses_previous_round_allocation_uses_this_round():
     )
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_budget_planned_ahead_is_the_plan_after_the_next_record(data):
+    """``plan(..., ahead=True)`` before a round is recorded equals ``plan`` after it, for
+    any history (new slots, skipped and relaxed ones) and any drafts scheduled."""
+    k, num_slots = 4, 6
+    verifier = make(num_slots, k, LinearCost(1.0, 0.2))
+    for slot in range(num_slots):
+        verifier.add_request(slot)
+    unit = st.floats(0.0, 1.0)
+    for _ in range(data.draw(st.integers(0, 4))):  # some history
+        slots = np.array(data.draw(st.lists(st.integers(0, num_slots - 1), unique=True)))
+        if data.draw(st.booleans()):
+            verifier.record(
+                slots,
+                np.array(
+                    data.draw(
+                        st.lists(
+                            st.lists(unit, min_size=k, max_size=k),
+                            min_size=len(slots),
+                            max_size=len(slots),
+                        )
+                    )
+                ).reshape(len(slots), k),
+            )
+        else:
+            verifier.relax(slots)
+    slots = np.array(data.draw(st.lists(st.integers(0, num_slots - 1), min_size=1, unique=True)))
+    n = len(slots)
+    drafts = np.array(data.draw(st.lists(st.integers(1, k), min_size=n, max_size=n)))
+    non_draft = np.ones(n, dtype=np.int64)
+    ahead = verifier.plan(slots, drafts, non_draft, n, ahead=True)
+    verifier.record(
+        slots,
+        np.array(
+            data.draw(st.lists(st.lists(unit, min_size=k, max_size=k), min_size=n, max_size=n))
+        ).reshape(n, k),
+    )
+    assert verifier.plan(slots, drafts, non_draft, n) == ahead
+
+
 def test_stale_is_per_slot_and_skipped_steps_keep_the_last_record():
     verifier = make()
     for slot in (0, 1):

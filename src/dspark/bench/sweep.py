@@ -82,6 +82,7 @@ class Measurement:
     depth_steps: list[int] = field(default_factory=list)  # adaptive: steps by depth 0..K
     lookahead_hits: int = 0  # adaptive: drafting decisions taken during the previous forward
     lookahead_us_per_step: float = 0.0  # look-ahead host time, used or not (during forwards)
+    lookahead_plans: int = 0  # adaptive: of the hits, budgets planned ahead too
 
 
 def closed_loop(
@@ -157,6 +158,7 @@ def measure(
         gate_vetoes=stats.gate_vetoes,
         probes=stats.probes,
         lookahead_hits=stats.lookahead_hits,
+        lookahead_plans=stats.lookahead_plans,
         lookahead_us_per_step=sum(stats.lookahead_ms) * 1e3 / max(stats.num_steps, 1),
         depth_steps=[stats.depth_steps[d] for d in range(setting.k + 1)]
         if setting.spec == "adaptive"
@@ -335,6 +337,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "probes",
         "lookahead_hits",
         "lookahead_us_per_step",
+        "lookahead_plans",
     ):
         row[key] = float(np.median([getattr(m, key) for m in measurements]))
     for key in ("acceptance_length", "verified_per_round"):

@@ -25,7 +25,7 @@ from dspark.engine.scheduler import ScheduledChunk, Scheduler
 from dspark.engine.speculative import Drafter, NgramDrafter, OnlineAcceptance, Proposal, verify
 from dspark.models.loader import LoadedModel
 from dspark.ops import allocate_drafts_torch
-from dspark.scheduling import AdaptiveVerifier, StepCostModel
+from dspark.scheduling import AdaptiveVerifier, StepCostModel, allocate_drafts
 from dspark.scheduling.cost import ObservedDraftCost
 from dspark.scheduling.gate import ThroughputGate
 
@@ -126,6 +126,9 @@ class EngineStats:
     # used (the batch was the same decodes); the host time spent taking them, used or not.
     lookahead_hits: int = 0
     lookahead_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    # Adaptive: of those, steps whose budget was planned ahead too (its round recorded
+    # during the forward): the step itself only allocated.
+    lookahead_plans: int = 0
     # Host phases of a step (ms, no device sync): drafting as a whole (gate, proposal,
     # budget, allocation), verification and emission, the drafter's context update.
     draft_phase_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
@@ -228,8 +231,12 @@ class LLMEngine:
         self._priced_step: tuple[int, int, int, int] | None = None
         self._deferred: list[tuple[list, torch.Tensor]] = []  # held-back context updates
         self._flush_ms = 0.0
-        # Adaptive: (step it is for, slots, depth, probe depth) decided ahead.
-        self._ahead: tuple[int, np.ndarray, int, int] | None = None
+        # Adaptive: (step it is for, slots, depth, probe depth, budget) decided ahead, and
+        # the (step, depth, budget) of a plan taken ahead for the step under way.
+        self._ahead: tuple[int, np.ndarray, int, int, int] | None = None
+        self._planned: tuple[int, int, int] | None = None
+        # Adaptive: a round whose recording waits for the forward (slots, confidences).
+        self._unrecorded: tuple[np.ndarray, np.ndarray] | None = None
         self._step_index = 0
         self.lookahead = False
         self.round_log: list[tuple[np.ndarray | None, int, int]] | None = None
@@ -367,6 +374,7 @@ class LLMEngine:
         generated, captures = self.stats.num_generated, self.num_captures()
         self._priced_step = None
         self._flush_ms = 0.0  # held-back upkeep run in this step (other steps' work)
+        self._unrecorded = None  # recorded in every forward; left only by a failed step
         drafts, draft_probs = self._draft(chunks)
         self.stats.draft_phase_ms.append((time.perf_counter() - phase) * 1e3)
         tokens, num_cached, num_query = [], [], []
@@ -550,6 +558,8 @@ class LLMEngine:
         ):
             depth, self.verifier.probe_depth = ahead[2], ahead[3]
             self.stats.lookahead_hits += 1
+            if depth:
+                self._planned = (self._step_index, depth, ahead[4])
         else:
             num_drafts = np.zeros(num_reqs, dtype=np.int64)
             num_drafts[batch.decode_index] = limits
@@ -579,21 +589,40 @@ class LLMEngine:
         learns it after the forward) and this step's accepted drafts in the context
         count it passes (no shipped cost model reads the context). Skipped when a prompt
         chunk is in the batch or a request could come within K drafts of its length
-        limit (its next limit would depend on what this step accepts)."""
-        if not all(c.is_decode for c in chunks):
-            return
+        limit (its next limit would depend on what this step accepts).
+
+        It also plans that step's budget (``AdaptiveVerifier.plan(..., ahead=True)``: from
+        the rounds recorded now, which the next round turns stale), so a step that drafts
+        as decided only allocates before its forward; its round is recorded here, at the
+        start of the next look-ahead, while its forward runs. The plan is the step's own
+        exactly when the cost model learns nothing in between (``ObservedDraftCost`` learns
+        from each proposal's time: the plan ahead misses one such update)."""
         start = time.perf_counter()
+        if self._unrecorded is not None:  # the round this step drafts (its plan was ahead)
+            self.verifier.record(*self._unrecorded)
+            self._unrecorded = None
+        if not all(c.is_decode for c in chunks):
+            self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
+            return
         k = self.config.num_drafts
         for chunk, extra in zip(chunks, drafts, strict=True):
             # This step emits up to len(extra) + 1 tokens; the next limit must stay K.
             if self._tokens_left(chunk.request) - (len(extra) + 1) - 1 < k:
+                self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
                 return
         num_reqs = len(chunks)
         slots = np.fromiter((c.request.slot for c in chunks), np.int64, num_reqs)
         context = sum(c.request.num_computed for c in chunks) + num_reqs
         ones = np.ones(num_reqs, dtype=np.int64)
-        depth = self.verifier.drafting_pays(slots, ones * k, ones, num_reqs, context)
-        self._ahead = (self._step_index + 1, slots, depth, self.verifier.probe_depth)
+        verifier = self.verifier
+        depth = verifier.drafting_pays(slots, ones * k, ones, num_reqs, context)
+        probe_depth = verifier.probe_depth
+        # The budget of that step, should it draft that deep (the gate may still say no):
+        # planned from the rounds recorded now, which its own round turns stale.
+        budget = (
+            verifier.plan(slots, ones * depth, ones, num_reqs, context, ahead=True) if depth else 0
+        )
+        self._ahead = (self._step_index + 1, slots, depth, probe_depth, budget)
         self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
 
     def _admit_adaptively(self, batch: _Batch, drafts: list[list[int]], proposal: Proposal) -> None:
@@ -606,17 +635,30 @@ class LLMEngine:
             confidences = self.acceptance.confidences(decode_index.shape[0])
         num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
         num_drafts[decode_index] = [len(drafts[i]) for i in decode_index]
-        # Only requests with drafts have confidences to record (one at its length limit,
-        # or not yet ready to draft, proposed none: its zero row is no round of its own).
-        drafted = num_drafts[decode_index] > 0
         rows = np.asarray(confidences)[:, :k]
-        if drafted.all():
-            self.verifier.record(batch.slots[decode_index], rows)
-        elif drafted.any():
-            self.verifier.record(batch.slots[decode_index[drafted]], rows[drafted])
-        budget = self.verifier.plan(
-            batch.slots, num_drafts, batch.non_draft, batch.num_sampling, batch.context
+        planned, self._planned = self._planned, None
+        ahead = (
+            planned is not None
+            and planned[0] == self._step_index
+            and (num_drafts == planned[1]).all()  # every request decodes, that deep
         )
+        if ahead:
+            # Planned during the last forward from the rounds recorded then, which this
+            # round turns stale; recording it waits for this step's forward.
+            budget = planned[2]
+            self._unrecorded = (batch.slots, rows)
+            self.stats.lookahead_plans += 1
+        else:
+            # Only requests with drafts have confidences to record (one at its length
+            # limit, or not yet ready to draft, proposed none: no round of its own).
+            drafted = num_drafts[decode_index] > 0
+            if drafted.all():
+                self.verifier.record(batch.slots[decode_index], rows)
+            elif drafted.any():
+                self.verifier.record(batch.slots[decode_index[drafted]], rows[drafted])
+            budget = self.verifier.plan(
+                batch.slots, num_drafts, batch.non_draft, batch.num_sampling, batch.context
+            )
         on_device = proposal.device_confidences is not None and self.allocate_on_device
         if on_device and 0 < budget < num_drafts.sum():
             # Only decoding requests have drafts; the others would admit nothing anyway and
@@ -625,6 +667,12 @@ class LLMEngine:
             chosen = allocate_drafts_torch(proposal.device_confidences[:, :k], counts, budget)
             admitted = np.zeros(batch.slots.shape[0], dtype=np.int64)
             admitted[decode_index] = chosen.cpu().numpy()  # the packed batch is built here
+        elif ahead:  # the round is not recorded yet: rank its confidences directly
+            admitted = (
+                allocate_drafts(rows, num_drafts, budget)
+                if 0 < budget < num_drafts.sum()
+                else np.minimum(num_drafts, budget)  # all of them, or none
+            )
         else:
             admitted = self.verifier.allocate(batch.slots, num_drafts, budget)
         self.stats.budgets.append(budget)

@@ -207,10 +207,21 @@ class AdaptiveVerifier:
         num_non_draft: np.ndarray,
         num_sampling: int,
         context_tokens: int = 0,
+        *,
+        ahead: bool = False,
     ) -> int:
-        """The step's draft budget, from the stale confidences (see the module doc)."""
+        """The step's draft budget, from the stale confidences (see the module doc).
+
+        ``ahead``: the budget of the slots' *next* round, planned before it is recorded,
+        from the latest recorded confidences: exactly those that ``record`` of the next
+        round turns stale, so the answer is the one ``plan`` gives after that ``record``
+        (for the slots that record it; the cost model as it stands now). An engine can
+        take it while the device still runs the current step."""
         slots = self._check_slots(slots)
-        priced = self._priced_plan(slots, num_drafts, num_non_draft, num_sampling, context_tokens)
+        latest = self._fresh.take(slots, axis=0) if ahead else None
+        priced = self._priced_plan(
+            slots, num_drafts, num_non_draft, num_sampling, context_tokens, latest
+        )
         if priced is None:
             return 0
         survival, costs, _ = priced
