@@ -3,6 +3,8 @@ its concurrency, TPOT comes from each request's own timestamps."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -60,23 +62,49 @@ def test_compare_reports_ratios_against_best_fixed_and_no_spec():
     assert np.isclose(14.7 / 15.0, 0.98)
 
 
-def test_graph_capture_time_is_left_out_of_tok_s(tiny, monkeypatch):
-    """Host time spent capturing graphs mid-measurement is start-up work: tok/s excludes
-    it, tok_s_wall keeps it."""
+def test_steps_that_capture_graphs_are_left_out_of_tok_s(tiny, monkeypatch):
+    """A step that captures a graph (a one-time cost per shape) is left out of the steady
+    tok/s, its wall time and its tokens; tok_s_wall keeps everything."""
     import dspark.bench.sweep as sweep
 
     engine = LLMEngine(tiny, EngineConfig(max_num_seqs=2))
-    real_loop = sweep.closed_loop
+    captures, loops, measured_steps, marked = [0], [0], [0], []
+    real_loop, real_step, real_forward = sweep.closed_loop, engine.step, engine.forward
 
-    def two_second_loop(*args):  # every loop "takes" 2 s of wall time
-        finished, _ = real_loop(*args)
-        return finished, 2.0
+    def counting_loop(*args):
+        loops[0] += 1
+        return real_loop(*args)
 
-    captured = iter([3.0, 3.5])  # 0.5 s of captures while measuring
-    monkeypatch.setattr(sweep, "closed_loop", two_second_loop)
-    monkeypatch.setattr(engine, "capture_seconds", lambda: next(captured))
+    def capturing_forward(*args, **kwargs):
+        if marked and marked[-1] is None:  # this step "captures": slow, once
+            captures[0] += 1
+            time.sleep(0.05)
+        return real_forward(*args, **kwargs)
+
+    def step():
+        if loops[0] == 2:  # the measured loop
+            measured_steps[0] += 1
+            if measured_steps[0] in (2, 4):
+                marked.append(None)
+                tokens, start = engine.stats.num_generated, time.perf_counter()
+                out = real_step()
+                marked[-1] = (engine.stats.num_generated - tokens, time.perf_counter() - start)
+                return out
+        return real_step()
+
+    monkeypatch.setattr(sweep, "closed_loop", counting_loop)
+    monkeypatch.setattr(engine, "num_captures", lambda: captures[0])
+    monkeypatch.setattr(engine, "forward", capturing_forward)
+    monkeypatch.setattr(engine, "step", step)
     prompts = [[5, 6, 7, i] for i in range(3)]
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     result = measure(engine, Setting("none", 0), prompts, params, 2)
-    assert result.tokens == 12 and result.capture_s == pytest.approx(0.5)
-    assert result.tok_s == pytest.approx(12 / 1.5) and result.tok_s_wall == pytest.approx(6.0)
+    assert result.tokens == 12 and result.capture_steps == 2 and result.graph_captures == 2
+    marked_tokens = sum(tokens for tokens, _ in marked)
+    marked_s = sum(wall for _, wall in marked)
+    assert marked_tokens >= 2
+    # The time left out is those steps' wall (as the step sees it: within the wrapper's).
+    left_out = result.seconds - (12 - marked_tokens) / result.tok_s
+    assert marked_s - 5e-4 < left_out <= marked_s
+    assert result.tok_s_wall == pytest.approx(12 / result.seconds)
+    assert result.tok_s > result.tok_s_wall  # the slow steps are out

@@ -5,11 +5,14 @@ finished one is replaced by the next prompt) until the level's requests are done
 a shorter warm-up loop on other prompts at the same level (graphs captured, adaptive step
 costs measured: the steady state of a serving engine). The engine captures CUDA graphs
 lazily, the first time a step shape is met, and the warm-up cannot meet every shape (a
-step's shape follows its tokens, pieces and longest context); the host time of captures
-met while measuring is a start-up cost that an engine capturing ahead pays before serving,
-so aggregate tok/s leaves it out (``tok_s``; ``tok_s_wall`` keeps it, and ``capture_s``
-says how much it was); per-request TPOT and per-user tok/s come from the requests' own
-timestamps and keep it (a capture delays the requests of its step). Every
+step's shape follows its tokens, pieces and longest context). A capture is a start-up
+cost, paid once per shape (an engine capturing ahead pays it before serving), and the
+steps that capture run slow (the host records the graph while the device drains), so
+aggregate tok/s leaves those steps out, their time and their tokens (``tok_s``, the
+steady state; ``tok_s_wall`` keeps everything; ``capture_steps`` and ``capture_s``, the
+host time of the captures, say how much was left out); per-request TPOT and per-user
+tok/s come from the requests' own timestamps and keep it (a capture delays the requests
+of its step). Every
 configuration runs the same held-out prompts on the same engine settings with the same
 drafter (by default the shipped DSpark drafter of the model, else n-gram). Repeats are
 interleaved (repeat 1 of every configuration, then repeat 2, ...) so that drifts of the
@@ -64,17 +67,18 @@ class Measurement:
     requests: int
     tokens: int
     seconds: float  # wall time of the level
-    tok_s: float  # generated tokens over the wall time less graph captures (steady state)
+    tok_s: float  # tokens over wall time, steps that captured a graph left out (steady state)
     per_user_tok_s: float  # median over requests
     tpot_p50_ms: float
     tpot_p99_ms: float
     acceptance_length: float
     verified_per_round: float
-    schedule_share: float  # adaptive: budget + allocation time / wall time
-    step_ms: float = 0.0  # wall time per engine step
+    schedule_share: float  # adaptive: scheduling time (all steps) / steady wall time
+    step_ms: float = 0.0  # wall time per engine step (steps that captured left out)
     schedule_us_per_step: float = 0.0  # adaptive: budget + allocation per step
     graph_captures: int = 0  # CUDA graphs captured while measuring (after the warm-up)
-    capture_s: float = 0.0  # host seconds those captures took (left out of tok_s)
+    capture_s: float = 0.0  # host seconds those captures took
+    capture_steps: int = 0  # steps that captured (their wall and tokens left out of tok_s)
     tok_s_wall: float = 0.0  # generated tokens over the whole wall time, captures included
     undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
     gate_vetoes: int = 0  # adaptive: of those, the throughput gate's (the model drafted)
@@ -123,17 +127,19 @@ def measure(
     captures, capture_s = engine.num_captures(), engine.capture_seconds()
     finished, seconds = closed_loop(engine, prompts, params, concurrency)
     capture_s = engine.capture_seconds() - capture_s
+    stats = engine.stats
+    steady_s = seconds - stats.capture_step_ms / 1e3
     failed = [r for r in finished if r.error]
     if failed:
         raise ValueError(f"{len(failed)} benchmark requests failed: {failed[0].error}")
     tokens = sum(len(r.output_ids) for r in finished)
+    steady_tokens = tokens - stats.capture_step_tokens
     tpot = [
         (r.finish_time - r.first_token_time) / (len(r.output_ids) - 1)
         for r in finished
         if len(r.output_ids) > 1
     ]
     tpot = np.array(tpot) if tpot else np.array([np.nan])
-    stats = engine.stats
     return Measurement(
         label=setting.label,
         spec=setting.spec,
@@ -142,17 +148,18 @@ def measure(
         requests=len(finished),
         tokens=tokens,
         seconds=seconds,
-        tok_s=tokens / (seconds - capture_s),
+        tok_s=steady_tokens / steady_s,
         per_user_tok_s=float(np.median(1.0 / tpot)),
         tpot_p50_ms=float(np.percentile(tpot, 50) * 1e3),
         tpot_p99_ms=float(np.percentile(tpot, 99) * 1e3),
         acceptance_length=stats.acceptance_length,
         verified_per_round=stats.verified_per_step,
-        schedule_share=sum(stats.schedule_ms) / ((seconds - capture_s) * 1e3),
-        step_ms=(seconds - capture_s) * 1e3 / max(stats.num_steps, 1),
+        schedule_share=sum(stats.schedule_ms) / (steady_s * 1e3),
+        step_ms=steady_s * 1e3 / max(stats.num_steps - stats.capture_steps, 1),
         schedule_us_per_step=sum(stats.schedule_ms) * 1e3 / max(stats.num_steps, 1),
         graph_captures=engine.num_captures() - captures,
         capture_s=capture_s,
+        capture_steps=stats.capture_steps,
         tok_s_wall=tokens / seconds,
         undrafted_steps=stats.undrafted_steps,
         gate_vetoes=stats.gate_vetoes,
@@ -331,6 +338,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "schedule_us_per_step",
         "graph_captures",
         "capture_s",
+        "capture_steps",
         "tok_s_wall",
         "undrafted_steps",
         "gate_vetoes",
@@ -356,7 +364,7 @@ def report(
         device = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
     header = (
         f"{'conc':>4} {'setting':>12} {'tok/s':>9} {'user tok/s':>10} {'TPOT p50':>9} "
-        f"{'TPOT p99':>9} {'accept':>6} {'verify':>6} {'step':>8} {'sched%':>6} {'capt s':>6}"
+        f"{'TPOT p99':>9} {'accept':>6} {'verify':>6} {'step':>8} {'sched%':>6} {'capt':>9}"
     )
     print(header)
     for row in rows:
@@ -365,7 +373,8 @@ def report(
             f"{row['per_user_tok_s']:>10.1f} {row['tpot_p50_ms']:>8.1f}ms "
             f"{row['tpot_p99_ms']:>8.1f}ms {row['acceptance_length']:>6.2f} "
             f"{row['verified_per_round']:>6.2f} {row['step_ms']:>6.1f}ms "
-            f"{100 * row['schedule_share']:>6.2f} {row['capture_s']:>6.2f}"
+            f"{100 * row['schedule_share']:>6.2f} {row['capture_steps']:>3.0f}/"
+            f"{row['capture_s']:>4.2f}s"
         )
     verdicts = compare(rows)
     for line in verdicts:

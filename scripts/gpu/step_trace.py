@@ -1,0 +1,156 @@
+"""Where adaptive verification's time goes, step by step, against a fixed K on the GPU.
+
+The 8B shape (random weights, replayed acceptance), closed loop at one concurrency as
+``dspark bench`` runs it (same engine settings, warm-up, prompts), each setting measured
+``REPEATS`` times, interleaved. Every measured step is classified (prefill in the batch,
+graph captured, drafted or undrafted decode, budget below the drafts or not) and the
+table gives, per class, the steps, their wall time and the tokens they emitted, so a gap
+in tok/s can be traced to the steps that make it.
+
+    PYTHONPATH=src python3 scripts/gpu/step_trace.py 4 7 [TRACE] [TOKENS] [REPEATS]
+"""
+
+import os
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from dspark.bench.sweep import Replay, Setting, bench_prompts, closed_loop, engine_for
+from dspark.engine.replay import AcceptanceTrace, random_draft_model
+from dspark.engine.sampling import SamplingParams
+from dspark.models.shapes import random_model
+
+
+class Args:
+    out = "/tmp/step-trace"
+    device = os.environ.get("DEVICE", "cuda")
+    drafter = "auto"
+    max_prompt_tokens = 256
+    max_tokens = 256
+    shape = os.environ.get("SHAPE", "llama3-8b")  # SHAPE=tiny DEVICE=cpu: a smoke test
+    prompts = ".gpu/prompts.npz"
+    dataset = "sharegpt"
+
+
+def traced(engine, log):
+    step, schedule = engine.step, engine.scheduler.schedule
+    scheduled = []
+
+    def schedule_logged(*args, **kwargs):
+        chunks = schedule(*args, **kwargs)
+        scheduled.append([c.is_decode for c in chunks])  # before the step computes them
+        return chunks
+
+    def wrapped():
+        stats = engine.stats
+        generated, captures = stats.num_generated, engine.num_captures()
+        undrafted, budgets = stats.depth_steps[0], len(stats.budgets)
+        scheduled.clear()
+        start = time.perf_counter()
+        out = step()
+        wall = (time.perf_counter() - start) * 1e3
+        chunks = scheduled[0] if scheduled else []
+        log.append(
+            {
+                "wall": wall,
+                "tokens": stats.num_generated - generated,
+                "capture": engine.num_captures() > captures,
+                "decode": bool(chunks) and all(chunks),
+                "num_reqs": len(chunks),
+                "undrafted": stats.depth_steps[0] > undrafted,
+                "budget": stats.budgets[-1] if len(stats.budgets) > budgets else None,
+                "depth": (engine._priced_step or (0, 0, None, 0))[2],
+            }
+        )
+        return out
+
+    engine.step = wrapped
+    engine.scheduler.schedule = schedule_logged
+
+
+def classify(entry, adaptive):
+    if entry["capture"]:
+        return "graph captured"
+    if not entry["decode"]:
+        return "prompt in batch"
+    if not adaptive:
+        return "decode"
+    if entry["undrafted"] or not entry["depth"]:
+        return "decode, undrafted"
+    depth = entry["depth"]
+    if entry["budget"] is not None and entry["budget"] < entry["num_reqs"] * depth:
+        return f"decode d={depth}, budget cut"
+    return f"decode d={depth}, all verified"
+
+
+def main() -> None:
+    concurrency = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+    k = int(sys.argv[2]) if len(sys.argv) > 2 else 7
+    trace = sys.argv[3] if len(sys.argv) > 3 else "published:chat"
+    Args.max_tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 256
+    repeats = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+    dtype = torch.bfloat16 if Args.device == "cuda" else torch.float32
+    loaded = random_model(Args.shape, dtype, Args.device)
+    replay = Replay(random_draft_model(loaded), AcceptanceTrace.resolve(trace))
+    count = max(4, concurrency * 2)
+    prompts = bench_prompts(None, Args, count + concurrency)
+    params = SamplingParams(temperature=0.0, max_tokens=Args.max_tokens)
+    warm = SamplingParams(temperature=0.0, max_tokens=max(4, Args.max_tokens // 4))
+    settings = [Setting("fixed", k), Setting("adaptive", k)]
+    for repeat in range(repeats):
+        for setting in settings:
+            engine = engine_for(loaded, setting, concurrency, Args, replay)
+            closed_loop(engine, prompts[:concurrency], warm, concurrency)
+            engine.stats.__init__()
+            log = []
+            traced(engine, log)
+            finished, seconds = closed_loop(engine, prompts[concurrency:], params, concurrency)
+            tokens = sum(len(r.output_ids) for r in finished)
+            by_class = defaultdict(lambda: [0, 0.0, 0])
+            for entry in log:
+                row = by_class[classify(entry, setting.spec == "adaptive")]
+                row[0] += 1
+                row[1] += entry["wall"]
+                row[2] += entry["tokens"]
+            print(
+                f"\n=== c{concurrency} {setting.label} (repeat {repeat}): {tokens} tokens in "
+                f"{seconds:.3f} s ({tokens / seconds:.1f} tok/s), {len(log)} steps, step walls "
+                f"sum {sum(e['wall'] for e in log) / 1e3:.3f} s"
+            )
+            header = ("class", "steps", "wall s", "ms/step", "tokens", "tok/ms")
+            print("{:>28} {:>6} {:>8} {:>8} {:>7} {:>7}".format(*header))
+            for name, (steps, wall, toks) in sorted(by_class.items(), key=lambda kv: -kv[1][1]):
+                print(
+                    f"{name:>28} {steps:>6} {wall / 1e3:>8.3f} {wall / steps:>8.2f} {toks:>7} "
+                    f"{toks / wall:>7.3f}"
+                )
+            stats = engine.stats
+            if setting.spec == "adaptive":
+                walls = [e["wall"] for e in log if classify(e, True).startswith("decode d=")]
+                walls = walls or [0.0]
+                print(
+                    f"  depth steps {dict(sorted(stats.depth_steps.items()))}, gate vetoes "
+                    f"{stats.gate_vetoes}, probes {stats.probes}, lookahead hits "
+                    f"{stats.lookahead_hits} plans {stats.lookahead_plans}, schedule median "
+                    f"{np.median(stats.schedule_ms) * 1e3:.0f} us, lookahead median "
+                    f"{np.median(stats.lookahead_ms or [0]) * 1e3:.0f} us, drafted decode "
+                    f"wall p50 {np.median(walls):.2f} p90 {np.percentile(walls, 90):.2f} ms"
+                )
+                budgets = [e["budget"] for e in log if e["budget"] is not None]
+                if budgets:
+                    print(f"  budgets: mean {np.mean(budgets):.1f}, first 40 {budgets[:40]}")
+            else:
+                walls = [e["wall"] for e in log if classify(e, False) == "decode"]
+                if walls:
+                    p50, p90 = np.median(walls), np.percentile(walls, 90)
+                    print(f"  decode wall p50 {p50:.2f} p90 {p90:.2f} ms")
+            del engine
+            if Args.device == "cuda":
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
