@@ -8,6 +8,10 @@ table gives, per class, the steps, their wall time and the tokens they emitted, 
 in tok/s can be traced to the steps that make it.
 
     PYTHONPATH=src python3 scripts/gpu/step_trace.py 4 7 [TRACE] [TOKENS] [REPEATS]
+
+``MODEL=path.gguf`` runs that model with its shipped drafter instead (acceptance computed,
+the trace argument ignored); ``SETTINGS=none,fixed,adaptive`` picks the settings (default
+fixed,adaptive; fixed at K).
 """
 
 import os
@@ -21,6 +25,7 @@ import torch
 from dspark.bench.sweep import Replay, Setting, bench_prompts, closed_loop, engine_for
 from dspark.engine.replay import AcceptanceTrace, random_draft_model
 from dspark.engine.sampling import SamplingParams
+from dspark.models.loader import load_model
 from dspark.models.shapes import random_model
 
 
@@ -93,13 +98,17 @@ def main() -> None:
     Args.max_tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 256
     repeats = int(sys.argv[5]) if len(sys.argv) > 5 else 2
     dtype = torch.bfloat16 if Args.device == "cuda" else torch.float32
-    loaded = random_model(Args.shape, dtype, Args.device)
-    replay = Replay(random_draft_model(loaded), AcceptanceTrace.resolve(trace))
+    if os.environ.get("MODEL"):
+        loaded, replay, Args.shape = load_model(os.environ["MODEL"], dtype, Args.device), None, None
+    else:
+        loaded = random_model(Args.shape, dtype, Args.device)
+        replay = Replay(random_draft_model(loaded), AcceptanceTrace.resolve(trace))
     count = max(4, concurrency * 2)
     prompts = bench_prompts(None, Args, count + concurrency)
     params = SamplingParams(temperature=0.0, max_tokens=Args.max_tokens)
     warm = SamplingParams(temperature=0.0, max_tokens=max(4, Args.max_tokens // 4))
-    settings = [Setting("fixed", k), Setting("adaptive", k)]
+    names = os.environ.get("SETTINGS", "fixed,adaptive").split(",")
+    settings = [Setting(name, 0 if name == "none" else k) for name in names]
     for repeat in range(repeats):
         for setting in settings:
             engine = engine_for(loaded, setting, concurrency, Args, replay)
@@ -139,6 +148,9 @@ def main() -> None:
                     f"{np.median(stats.lookahead_ms or [0]) * 1e3:.0f} us, drafted decode "
                     f"wall p50 {np.median(walls):.2f} p90 {np.percentile(walls, 90):.2f} ms"
                 )
+                if engine.gate is not None:
+                    rates = {n: engine.gate.rates(n) for n in sorted({e["num_reqs"] for e in log})}
+                    print("  gate (drafted, undrafted) tok/ms by batch size:", rates)
                 budgets = [e["budget"] for e in log if e["budget"] is not None]
                 if budgets:
                     print(f"  budgets: mean {np.mean(budgets):.1f}, first 40 {budgets[:40]}")
