@@ -3,8 +3,6 @@ its concurrency, TPOT comes from each request's own timestamps."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -62,49 +60,52 @@ def test_compare_reports_ratios_against_best_fixed_and_no_spec():
     assert np.isclose(14.7 / 15.0, 0.98)
 
 
-def test_steps_that_capture_graphs_are_left_out_of_tok_s(tiny, monkeypatch):
-    """A step that captures a graph (a one-time cost per shape) is left out of the steady
-    tok/s, its wall time and its tokens; tok_s_wall keeps everything."""
+def test_graph_capture_time_is_left_out_of_tok_s(tiny, monkeypatch):
+    """Host time spent capturing graphs mid-measurement is start-up work: tok/s excludes
+    it, tok_s_wall keeps it; the steps that captured are counted."""
     import dspark.bench.sweep as sweep
 
     engine = LLMEngine(tiny, EngineConfig(max_num_seqs=2))
-    captures, loops, measured_steps, marked = [0], [0], [0], []
-    real_loop, real_step, real_forward = sweep.closed_loop, engine.step, engine.forward
+    real_loop, real_forward = sweep.closed_loop, engine.forward
+    loops, forwards, captures = [0], [0], [0]
 
-    def counting_loop(*args):
+    def two_second_loop(*args):  # every loop "takes" 2 s of wall time
         loops[0] += 1
-        return real_loop(*args)
+        finished, _ = real_loop(*args)
+        return finished, 2.0
 
-    def capturing_forward(*args, **kwargs):
-        if marked and marked[-1] is None:  # this step "captures": slow, once
-            captures[0] += 1
-            time.sleep(0.05)
+    def forward(*args, **kwargs):
+        if loops[0] == 2:  # measuring: the 2nd and 3rd forwards capture a graph
+            forwards[0] += 1
+            captures[0] += forwards[0] in (2, 3)
         return real_forward(*args, **kwargs)
 
-    def step():
-        if loops[0] == 2:  # the measured loop
-            measured_steps[0] += 1
-            if measured_steps[0] in (2, 4):
-                marked.append(None)
-                tokens, start = engine.stats.num_generated, time.perf_counter()
-                out = real_step()
-                marked[-1] = (engine.stats.num_generated - tokens, time.perf_counter() - start)
-                return out
-        return real_step()
-
-    monkeypatch.setattr(sweep, "closed_loop", counting_loop)
+    captured = iter([3.0, 3.5])  # 0.5 s of captures while measuring
+    monkeypatch.setattr(sweep, "closed_loop", two_second_loop)
+    monkeypatch.setattr(engine, "capture_seconds", lambda: next(captured))
     monkeypatch.setattr(engine, "num_captures", lambda: captures[0])
-    monkeypatch.setattr(engine, "forward", capturing_forward)
-    monkeypatch.setattr(engine, "step", step)
+    monkeypatch.setattr(engine, "forward", forward)
     prompts = [[5, 6, 7, i] for i in range(3)]
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     result = measure(engine, Setting("none", 0), prompts, params, 2)
-    assert result.tokens == 12 and result.capture_steps == 2 and result.graph_captures == 2
-    marked_tokens = sum(tokens for tokens, _ in marked)
-    marked_s = sum(wall for _, wall in marked)
-    assert marked_tokens >= 2
-    # The time left out is those steps' wall (as the step sees it: within the wrapper's).
-    left_out = result.seconds - (12 - marked_tokens) / result.tok_s
-    assert marked_s - 5e-4 < left_out <= marked_s
-    assert result.tok_s_wall == pytest.approx(12 / result.seconds)
-    assert result.tok_s > result.tok_s_wall  # the slow steps are out
+    assert result.tokens == 12 and result.capture_s == pytest.approx(0.5)
+    assert result.tok_s == pytest.approx(12 / 1.5) and result.tok_s_wall == pytest.approx(6.0)
+    assert result.graph_captures == 2 and result.capture_steps == 2
+
+
+def test_a_full_warmup_runs_as_many_tokens_as_the_measured_run(tiny, monkeypatch):
+    import dspark.bench.sweep as sweep
+
+    engine = LLMEngine(tiny, EngineConfig(max_num_seqs=2))
+    real_loop, loops = sweep.closed_loop, []
+
+    def logged_loop(engine, prompts, params, concurrency):
+        loops.append((len(prompts), params.max_tokens))
+        return real_loop(engine, prompts, params, concurrency)
+
+    monkeypatch.setattr(sweep, "closed_loop", logged_loop)
+    prompts = [[5, 6, 7, i] for i in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    measure(engine, Setting("none", 0), prompts[3:], params, 2, prompts[:3], True)
+    measure(engine, Setting("none", 0), prompts[3:], params, 2, prompts[:1])
+    assert loops == [(3, 8), (3, 8), (1, 4), (3, 8)]

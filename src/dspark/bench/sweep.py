@@ -5,14 +5,13 @@ finished one is replaced by the next prompt) until the level's requests are done
 a shorter warm-up loop on other prompts at the same level (graphs captured, adaptive step
 costs measured: the steady state of a serving engine). The engine captures CUDA graphs
 lazily, the first time a step shape is met, and the warm-up cannot meet every shape (a
-step's shape follows its tokens, pieces and longest context). A capture is a start-up
-cost, paid once per shape (an engine capturing ahead pays it before serving), and the
-steps that capture run slow (the host records the graph while the device drains), so
-aggregate tok/s leaves those steps out, their time and their tokens (``tok_s``, the
-steady state; ``tok_s_wall`` keeps everything; ``capture_steps`` and ``capture_s``, the
-host time of the captures, say how much was left out); per-request TPOT and per-user
-tok/s come from the requests' own timestamps and keep it (a capture delays the requests
-of its step). Every
+step's shape follows its tokens, pieces and longest context; ``--full-warmup`` runs a
+warm-up as long as the measured run, which meets nearly all of them). The host time of
+captures met while measuring is a start-up cost that an engine capturing ahead pays
+before serving, so aggregate tok/s leaves it out (``tok_s``; ``tok_s_wall`` keeps it;
+``capture_steps`` and ``capture_s`` say how many steps captured and how long the
+captures took); per-request TPOT and per-user tok/s come from the requests' own
+timestamps and keep it (a capture delays the requests of its step). Every
 configuration runs the same held-out prompts on the same engine settings with the same
 drafter (by default the shipped DSpark drafter of the model, else n-gram). Repeats are
 interleaved (repeat 1 of every configuration, then repeat 2, ...) so that drifts of the
@@ -67,18 +66,18 @@ class Measurement:
     requests: int
     tokens: int
     seconds: float  # wall time of the level
-    tok_s: float  # tokens over wall time, steps that captured a graph left out (steady state)
+    tok_s: float  # generated tokens over the wall time less graph captures (steady state)
     per_user_tok_s: float  # median over requests
     tpot_p50_ms: float
     tpot_p99_ms: float
     acceptance_length: float
     verified_per_round: float
     schedule_share: float  # adaptive: scheduling time (all steps) / steady wall time
-    step_ms: float = 0.0  # wall time per engine step (steps that captured left out)
+    step_ms: float = 0.0  # wall time per engine step (less captures)
     schedule_us_per_step: float = 0.0  # adaptive: budget + allocation per step
     graph_captures: int = 0  # CUDA graphs captured while measuring (after the warm-up)
     capture_s: float = 0.0  # host seconds those captures took
-    capture_steps: int = 0  # steps that captured (their wall and tokens left out of tok_s)
+    capture_steps: int = 0  # steps that captured a graph while measuring
     tok_s_wall: float = 0.0  # generated tokens over the whole wall time, captures included
     undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
     gate_vetoes: int = 0  # adaptive: of those, the throughput gate's (the model drafted)
@@ -117,23 +116,26 @@ def measure(
     params: SamplingParams,
     concurrency: int,
     warmup: list[list[int]] | None = None,
+    full_warmup: bool = False,
 ) -> Measurement:
     """One closed-loop run of ``prompts``, after a shorter one over ``warmup`` (default:
     the first prompt) at the same concurrency: a serving engine runs in steady state, with
-    its graphs captured and (adaptive) its step costs measured, and so does the bench."""
-    warm = SamplingParams(temperature=0.0, max_tokens=max(4, params.max_tokens // 4))
+    its graphs captured and (adaptive) its step costs measured, and so does the bench.
+    ``full_warmup``: the warm-up requests run as many tokens as the measured ones (else a
+    quarter), so that they meet the measured run's step shapes (contexts as long)."""
+    warm_tokens = params.max_tokens if full_warmup else max(4, params.max_tokens // 4)
+    warm = SamplingParams(temperature=0.0, max_tokens=warm_tokens)
     closed_loop(engine, warmup or prompts[:1], warm, concurrency)
     engine.stats.__init__()
     captures, capture_s = engine.num_captures(), engine.capture_seconds()
     finished, seconds = closed_loop(engine, prompts, params, concurrency)
     capture_s = engine.capture_seconds() - capture_s
     stats = engine.stats
-    steady_s = seconds - stats.capture_step_ms / 1e3
+    steady_s = seconds - capture_s
     failed = [r for r in finished if r.error]
     if failed:
         raise ValueError(f"{len(failed)} benchmark requests failed: {failed[0].error}")
     tokens = sum(len(r.output_ids) for r in finished)
-    steady_tokens = tokens - stats.capture_step_tokens
     tpot = [
         (r.finish_time - r.first_token_time) / (len(r.output_ids) - 1)
         for r in finished
@@ -148,14 +150,14 @@ def measure(
         requests=len(finished),
         tokens=tokens,
         seconds=seconds,
-        tok_s=steady_tokens / steady_s,
+        tok_s=tokens / steady_s,
         per_user_tok_s=float(np.median(1.0 / tpot)),
         tpot_p50_ms=float(np.percentile(tpot, 50) * 1e3),
         tpot_p99_ms=float(np.percentile(tpot, 99) * 1e3),
         acceptance_length=stats.acceptance_length,
         verified_per_round=stats.verified_per_step,
         schedule_share=sum(stats.schedule_ms) / (steady_s * 1e3),
-        step_ms=steady_s * 1e3 / max(stats.num_steps - stats.capture_steps, 1),
+        step_ms=steady_s * 1e3 / max(stats.num_steps, 1),
         schedule_us_per_step=sum(stats.schedule_ms) * 1e3 / max(stats.num_steps, 1),
         graph_captures=engine.num_captures() - captures,
         capture_s=capture_s,
@@ -194,6 +196,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-adaptive", action="store_true")
     parser.add_argument("--drafter", default="auto", help="auto | dspark | ngram | DIR")
     parser.add_argument("--requests-per-user", type=int, default=2)
+    parser.add_argument(
+        "--full-warmup",
+        action="store_true",
+        help="warm up on as many requests and tokens as are measured (other prompts), so "
+        "that graph shapes are captured before measuring; default: a quarter of the tokens "
+        "of one request per user",
+    )
     parser.add_argument("--min-requests", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--max-prompt-tokens", type=int, default=256)
@@ -309,12 +318,13 @@ def main(args: argparse.Namespace) -> None:
     drafter_name = None
     for _, concurrency, setting in tqdm(jobs, desc="bench"):
         count = max(args.min_requests, concurrency * args.requests_per_user)
-        prompts = bench_prompts(tokenizer, args, count + concurrency)
+        num_warmup = count if args.full_warmup else concurrency
+        prompts = bench_prompts(tokenizer, args, count + num_warmup)
         engine = engine_for(loaded, setting, concurrency, args, replay)
         if engine.drafter is not None:
             drafter_name = type(engine.drafter).__name__
-        warmup, measured = prompts[:concurrency], prompts[concurrency:]
-        result = measure(engine, setting, measured, params, concurrency, warmup)
+        warmup, measured = prompts[:num_warmup], prompts[num_warmup:]
+        result = measure(engine, setting, measured, params, concurrency, warmup, args.full_warmup)
         runs.setdefault((setting.label, concurrency), []).append(result)
         del engine
         if args.device.startswith("cuda"):

@@ -129,11 +129,7 @@ class EngineStats:
     # Adaptive: of those, steps whose budget was planned ahead too (its round recorded
     # during the forward): the step itself only allocated.
     lookahead_plans: int = 0
-    # Steps that captured a CUDA graph (a one-time cost per step shape), their wall time
-    # and the tokens they emitted: the bench's steady-state throughput leaves them out.
-    capture_steps: int = 0
-    capture_step_ms: float = 0.0
-    capture_step_tokens: int = 0
+    capture_steps: int = 0  # steps that captured a CUDA graph (a one-time cost per shape)
     # Host phases of a step (ms, no device sync): drafting as a whole (gate, proposal,
     # budget, allocation), verification and emission, the drafter's context update.
     draft_phase_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
@@ -370,7 +366,6 @@ class LLMEngine:
     @torch.inference_mode()
     def step(self) -> list[Request]:
         """Run one engine step; returns the requests that got tokens or finished."""
-        entered = time.perf_counter()
         room = self.config.num_drafts if self.drafter is not None else 0
         chunks = self.scheduler.schedule(room)
         if not chunks:
@@ -430,10 +425,7 @@ class LLMEngine:
             if record_step is not None:
                 admitted = sum(len(extra) for extra in drafts)
                 record_step(num_reqs, num_tokens, admitted, depth, wall_ms, context)
-        if self.num_captures() != captures:
-            self.stats.capture_steps += 1
-            self.stats.capture_step_ms += (time.perf_counter() - entered) * 1e3
-            self.stats.capture_step_tokens += self.stats.num_generated - generated
+        self.stats.capture_steps += self.num_captures() != captures
         return touched
 
     def forward(
