@@ -13,5 +13,5 @@ fi
 timeout "${LIMIT:-360}" python3 -m dspark.cli bench --shape llama3-8b --device cuda \
   --dtype bfloat16 --prompts .gpu/prompts.npz --concurrency ${CONC:-256 64} \
   --fixed ${FIXED:-1 2 3 4 5 6 7} --max-tokens ${TOKENS:-48} --repeats ${REPEATS:-1} \
-  ${TRACE:+--trace "$TRACE"} --out "$OUT/bench8b" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -40
+  ${TRACE:+--trace "$TRACE"} ${FULL_WARMUP:+--full-warmup} --out "$OUT/bench8b" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -40
 cd "$OUT" && tar czf bench8b.tgz bench8b && rm -rf bench8b && ls -la
