@@ -137,6 +137,15 @@ def main() -> None:
                     f"{toks / wall:>7.3f}"
                 )
             stats = engine.stats
+
+            def med(values):
+                return float(np.median(values)) if values else 0.0
+
+            print(
+                f"  medians per step, ms: forward {med(stats.forward_ms):.1f}, drafter "
+                f"{med(stats.drafter_ms):.1f}, draft phase {med(stats.draft_phase_ms):.1f}, "
+                f"apply {med(stats.apply_ms):.1f} (observe {med(stats.observe_ms):.1f})"
+            )
             if setting.spec == "adaptive":
                 walls = [e["wall"] for e in log if classify(e, True).startswith("decode d=")]
                 walls = walls or [0.0]
