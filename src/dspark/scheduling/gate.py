@@ -43,7 +43,8 @@ is explored ``UNDRAFTED_BACKOFF`` times less often. Its throughput is the target
 time alone, which changes slowly within a bucket (the context grows), while a fall of
 the drafted arm (acceptance drops) is measured on the very steps it is played; each
 exploring step gives up that lead (at 1 request on the H200 8B shape, one undrafted
-step in 32 cost about 1.5% of throughput). The other way round, a drafted arm behind
+step in 32 works out at about 1-1.5% of throughput from the steps' measured times and
+tokens; estimated, not measured on its own). The other way round, a drafted arm behind
 is explored at the full rate: its figure moves with acceptance, which can recover."""
 
 
