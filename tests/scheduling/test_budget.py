@@ -7,7 +7,12 @@ from hypothesis.extra import numpy as hnp
 from dspark.bench.seed_port import SeedRequestTable, seed_budget
 from dspark.scheduling import budget as budget_module
 from dspark.scheduling import build_cost_tables, choose_draft_budget
-from dspark.scheduling.budget import _best_budget_binned, _best_budget_sorted
+from dspark.scheduling.budget import (
+    _best_budget_binned,
+    _best_budget_sorted,
+    _best_in_blocks,
+    best_in_ranked,
+)
 from dspark.scheduling.survival import survival_by_position
 from tests.oracles import budget_ratios
 
@@ -252,6 +257,71 @@ def test_binned_search_finds_an_optimum_just_before_a_cost_step():
     costs = np.where(np.arange(2001) <= 100, 1.0, 100.0 + np.arange(2001))
     assert _best_budget_binned(scores, 2000, 10, costs) == 100
     assert _best_budget_sorted(scores, 2000, 10, costs) == 100
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 64])
+@settings(max_examples=150, deadline=None)
+@given(batch=batches(max_reqs=12, max_k=6))
+def test_block_search_on_small_batches_against_brute_force(block, batch):
+    # Small blocks on small batches: blocks cut by cap, zero slots and exact ties.
+    conf, drafts, non_draft, sampling, fixed, per_token, step, logits = batch
+    cap = min(int(drafts.sum()), max(0, logits - len(drafts)))
+    if cap == 0:
+        return
+    costs = PaddedCost(fixed, per_token, step).step_costs_ms(len(drafts), int(non_draft.sum()), cap)
+    ranked = np.sort(-survival_by_position(conf, drafts).ravel())
+    chosen = _best_in_blocks(ranked, cap, sampling, costs, block)
+    ratios = budget_ratios(conf, drafts, sampling, costs, cap)
+    best = ratios.max()
+    assert 0 <= chosen <= cap
+    assert ratios[chosen] >= best * (1 - 1e-12)
+    assert not (ratios[:chosen] >= best * (1 + 1e-12)).any()
+    assert not (ratios[:chosen] > ratios[chosen] * (1 + 1e-12)).any()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(300, 1200),
+    st.floats(0.2, 0.99),
+    st.floats(0.0, 0.3),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([1, 8, 64, 100]),
+)
+def test_block_search_equals_the_rank_by_rank_sum_on_large_batches(
+    num_reqs, mean, spread, seed, step
+):
+    # Above SEQUENTIAL_MAX_BUDGET the search runs by blocks: same budget as summing
+    # every rank (costs with steps that fall inside blocks and at their edges).
+    rng = np.random.default_rng(seed)
+    conf = np.clip(rng.normal(mean, spread, (num_reqs, 7)), 0, 1)
+    conf[rng.random(conf.shape) < 0.05] = 1.0
+    drafts = rng.integers(0, 8, num_reqs)
+    ranked = np.sort(-survival_by_position(conf, drafts).ravel())
+    cap = min(int(drafts.sum()), int(rng.integers(1, 8 * num_reqs)))
+    costs = PaddedCost(rng.uniform(0.1, 20), rng.uniform(0.001, 0.1), step).step_costs_ms(
+        num_reqs, num_reqs, cap
+    )
+    sampling = int(rng.integers(0, num_reqs + 1))
+    gains = np.concatenate(([0.0], np.cumsum(-ranked[:cap]))) + sampling
+    assert best_in_ranked(ranked, cap, sampling, costs) == int((gains / costs).argmax())
+
+
+def test_block_search_finds_an_optimum_just_before_a_cost_step_inside_a_block():
+    # Costs 1 up to 100 drafts, then 100 + b: the optimum (100) lies inside the block of
+    # ranks 65..128, whose bound (gain at 128 over the cost at 65) is the best.
+    rng = np.random.default_rng(7)
+    ranked = np.sort(-rng.uniform(0.3, 0.9, 3000))
+    costs = np.where(np.arange(3001) <= 100, 1.0, 100.0 + np.arange(3001))
+    assert _best_in_blocks(ranked, 3000, 10, costs) == 100
+    assert best_in_ranked(ranked, 3000, 10, costs) == 100
+    # Flat costs: every draft pays; cap 2500 ends inside a block.
+    assert _best_in_blocks(ranked, 2500, 10, np.full(2501, 2.0)) == 2500
+    # Only zeros past the positive slots: more of them never pays (smallest b on ties).
+    padded = np.concatenate((ranked[:2100], np.zeros(900)))
+    assert _best_in_blocks(padded, 3000, 10, np.full(3001, 2.0)) == 2100
+    # A first draft that costs more than everything brings: the budget is zero.
+    steep = np.concatenate(([1.0], np.full(3000, 1e9)))
+    assert _best_in_blocks(ranked, 3000, 10, steep) == 0
 
 
 def test_best_drafting_depth_hand_computed_and_ties_go_shallow():

@@ -5,6 +5,10 @@ cut to ``cap``, ``gain[b] = num_sampling + sum(scores[:b])`` expected tokens ove
 ``cost[b]``, the step cost with ``b`` drafts; the budget is the smallest ``b``
 maximising ``gain[b] / cost[b]``.
 
+Where sorting is fast (x86 with AVX-512: see ``survival``, which measures), the scores
+are sorted; above ``SEQUENTIAL_MAX_BUDGET`` the gains are then summed by blocks of ranks,
+and rank by rank only in the blocks that can hold the optimum.
+
 For large batches on machines where sorting is slow (without AVX-512: see ``survival``,
 which measures), the search never sorts everything. The scores are binned by value
 from the top down (see ``survival``); one bincount gives every bin's count, another its
@@ -172,18 +176,69 @@ def _depth_rates_merged(survival, verify_ms, num_sampling, draft_ms, cap) -> np.
 
 
 def _best_budget_sorted(scores: np.ndarray, cap: int, num_sampling: int, costs: np.ndarray) -> int:
-    # Negated scores sort ascending into the descending order of the scores, so the
-    # running sum reads forwards (several times faster than over a reversed view). The
-    # sum of negated terms is exactly the negated sum, and s - (-g) exactly s + g: the
-    # gains are bit for bit the seed's.
+    # Negated scores sort ascending into the descending order of the scores, so running
+    # sums read forwards (several times faster than over a reversed view).
     ranked = np.negative(scores)
     ranked.sort()
+    return best_in_ranked(ranked, cap, num_sampling, costs)
+
+
+SEQUENTIAL_MAX_BUDGET = 2048
+"""Up to this cap the search sums every rank in order, as the seed does (bit for bit the
+seed's gains); beyond it the running sum, one dependent add per rank, is the slowest
+part of the search, and it sums blocks of ranks instead (``_best_in_blocks``)."""
+
+RANK_BLOCK = 64
+_BLOCK_STARTS = np.arange(0, 1 << 22, RANK_BLOCK)  # the first rank of each block
+_BLOCK_STARTS.flags.writeable = False
+
+
+def best_in_ranked(ranked: np.ndarray, cap: int, num_sampling: int, costs: np.ndarray) -> int:
+    """``best_budget`` from the negated scores sorted ascending (``-ranked[:b]`` are the
+    top ``b`` scores)."""
+    if cap > SEQUENTIAL_MAX_BUDGET:
+        return _best_in_blocks(ranked, cap, num_sampling, costs)
+    # The sum of negated terms is exactly the negated sum, and s - (-g) exactly s + g:
+    # the gains are bit for bit the seed's.
     gain = np.empty(cap + 1)
     gain[0] = 0.0
     np.add.accumulate(ranked[:cap], out=gain[1:])
     np.subtract(num_sampling, gain, out=gain)
     gain /= costs
     return int(gain.argmax())
+
+
+def _best_in_blocks(
+    ranked: np.ndarray, cap: int, num_sampling: int, costs: np.ndarray, block: int = RANK_BLOCK
+) -> int:
+    """``best_in_ranked`` by blocks of ``block`` ranks: one vectorised sum per block gives
+    the gain where each block ends; the bound used for bins (that gain over the cost of
+    the block's first budget) closes every block that cannot hold the optimum, and only
+    the open ones are summed rank by rank. Gains round as block sums do, so only budgets
+    tied to ~1e-15 may resolve differently from the seed's."""
+    num_blocks = -(-cap // block)
+    starts = _BLOCK_STARTS[:num_blocks] if block == RANK_BLOCK else np.arange(0, cap, block)
+    gains = np.add.reduceat(ranked[:cap], starts)  # [num_blocks]: negated block sums
+    np.add.accumulate(gains, out=gains)
+    np.subtract(num_sampling, gains, out=gains)  # the gain where each block ends
+    bounds = gains / costs[1::block]  # over the cost of each block's first budget
+    best = int(bounds.argmax())
+    # The better exact ratio at the best-bound block's ends is the bar (see the binned
+    # search: its start wins when the optimum sits just before a step in the costs).
+    zero_ratio = num_sampling / float(costs[0])
+    bar = max(zero_ratio, float(gains[best]) / float(costs[min((best + 1) * block, cap)]))
+    if best:
+        bar = max(bar, float(gains[best - 1]) / float(costs[best * block]))
+    open_blocks = (bounds >= bar * (1.0 - _BOUND_SLACK)).nonzero()[0]
+    if open_blocks.shape[0] == 0:
+        return 0
+    low, high = int(open_blocks[0]), int(open_blocks[-1])
+    low_rank, high_rank = low * block, min((high + 1) * block, cap)
+    ratios = np.add.accumulate(ranked[low_rank:high_rank])
+    np.subtract(float(gains[low - 1]) if low else num_sampling, ratios, out=ratios)
+    ratios /= costs[low_rank + 1 : high_rank + 1]
+    k = int(ratios.argmax())
+    return low_rank + 1 + k if ratios[k] > zero_ratio else 0
 
 
 def _best_budget_binned(scores: np.ndarray, cap: int, num_sampling: int, costs: np.ndarray) -> int:
@@ -284,5 +339,10 @@ def choose_draft_budget(
     if cap == 0:
         return 0
     costs = tables.step_costs_ms(num_reqs, num_tokens, cap, context_tokens)
+    num_slots = confidences.size
+    if search_sorts(num_slots):
+        ranked = survival_by_position(confidences, drafts.counts, drafts.is_full, True).ravel()
+        ranked.sort()
+        return best_in_ranked(ranked, cap, num_sampling, costs)
     scores = survival_by_position(confidences, drafts.counts, drafts.is_full).ravel()
-    return best_budget(scores, cap, num_sampling, costs)
+    return _best_budget_binned(scores, cap, num_sampling, costs)

@@ -47,16 +47,21 @@ positions; beyond it NumPy's accumulate along the short axis is the slower of th
 
 
 def survival_by_position(
-    confidences: np.ndarray, num_drafts: np.ndarray, is_full: bool = False
+    confidences: np.ndarray, num_drafts: np.ndarray, is_full: bool = False, negated: bool = False
 ) -> np.ndarray:
     """Survival of every draft slot, ``[K, num_reqs]`` float64, unscheduled slots zero.
 
     Entry ``[k, r]`` is ``c[r, 0] * ... * c[r, k]`` if ``k < num_drafts[r]``, else 0. The
     running product is taken left to right, as a sequential cumprod would. ``is_full``
-    says every request schedules all K drafts (nothing to zero).
+    says every request schedules all K drafts (nothing to zero). ``negated`` returns
+    minus the survival (the first position negated before the product: rounding is
+    symmetric in sign, so each entry is exactly minus the survival), ready to sort
+    ascending into descending survival.
     """
     survival = confidences.T.astype(np.float64, order="C")  # [K, num_reqs]
     num_positions = survival.shape[0]
+    if negated:
+        np.negative(survival[0], out=survival[0])
     if not is_full:
         # A zero at the first unscheduled position zeroes every later one in the product.
         short = np.flatnonzero(num_drafts < num_positions)
