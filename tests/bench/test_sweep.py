@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark.bench.sweep import Setting, closed_loop, compare, measure
+from dspark.bench.sweep import Setting, closed_loop, compare, job_order, measure
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.engine.sampling import SamplingParams
 
@@ -58,6 +58,47 @@ def test_compare_reports_ratios_against_best_fixed_and_no_spec():
     [line] = compare(rows)
     assert "0.980x best fixed (K=3)" in line and "1.470x no spec" in line
     assert np.isclose(14.7 / 15.0, 0.98)
+    assert "paired" not in line  # one repeat: nothing to pair
+
+
+def test_jobs_alternate_the_settings_order_between_repeats():
+    settings = [Setting("none", 0), Setting("fixed", 2), Setting("adaptive", 7)]
+    jobs = job_order(3, [1, 4], settings)
+    assert jobs[:3] == [(0, 1, s) for s in settings]
+    assert jobs[6:9] == [(1, 1, s) for s in reversed(settings)]
+    assert jobs[15:] == [(2, 4, s) for s in settings]
+    assert len(jobs) == 3 * 2 * 3
+
+
+def test_compare_pairs_repeats_that_shared_the_machine_speed():
+    # The machine ran twice as fast in repeat 2: adaptive beats K=2 within two of the three
+    # repeats (paired median 1.05) while the ratio of medians says it loses.
+    rows = [
+        {
+            "concurrency": 4,
+            "spec": "none",
+            "label": "no spec",
+            "tok_s": 20.0,
+            "tok_s_runs": [10.0, 40.0, 20.0],
+        },
+        {
+            "concurrency": 4,
+            "spec": "fixed",
+            "label": "K=2",
+            "tok_s": 30.0,
+            "tok_s_runs": [20.0, 40.0, 30.0],
+        },
+        {
+            "concurrency": 4,
+            "spec": "adaptive",
+            "label": "adaptive≤7",
+            "tok_s": 24.0,
+            "tok_s_runs": [22.0, 42.0, 24.0],
+        },
+    ]
+    [line] = compare(rows)
+    assert "0.800x best fixed (K=2) [paired over 3 repeats: median 1.050, 0.800-1.100]" in line
+    assert "1.200x no spec [paired over 3 repeats: median 1.200, 1.050-2.200]" in line
 
 
 def test_graph_capture_time_is_left_out_of_tok_s(tiny, monkeypatch):

@@ -14,8 +14,11 @@ captures took); per-request TPOT and per-user tok/s come from the requests' own
 timestamps and keep it (a capture delays the requests of its step). Every
 configuration runs the same held-out prompts on the same engine settings with the same
 drafter (by default the shipped DSpark drafter of the model, else n-gram). Repeats are
-interleaved (repeat 1 of every configuration, then repeat 2, ...) so that drifts of the
-machine's speed spread over all of them; tables quote medians.
+interleaved (repeat 1 of every configuration, then repeat 2, ...), the settings of a level
+in reverse order on every other repeat, so that drifts of the machine's speed spread over
+all of them; tables quote medians, and with several repeats the comparison also quotes
+paired ratios (adaptive against a baseline within each repeat, whose machine speed they
+shared), whose median is less exposed to drift than the ratio of medians.
 
 Per configuration and level: aggregate tok/s (generated tokens, each counted once, over
 the level's wall time less captures), per-user tok/s and TPOT p50/p99 from each request's own
@@ -312,9 +315,7 @@ def main(args: argparse.Namespace) -> None:
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[str, int], list[Measurement]] = {}
-    jobs = [
-        (repeat, c, s) for repeat in range(args.repeats) for c in args.concurrency for s in settings
-    ]
+    jobs = job_order(args.repeats, args.concurrency, settings)
     drafter_name = None
     for _, concurrency, setting in tqdm(jobs, desc="bench"):
         count = max(args.min_requests, concurrency * args.requests_per_user)
@@ -333,6 +334,19 @@ def main(args: argparse.Namespace) -> None:
         (Path(args.out) / "bench.partial.json").write_text(json.dumps(partial))
     rows = [summarise(measurements) for measurements in runs.values()]
     report(rows, args, dtype, drafter_name, replay)
+
+
+def job_order(
+    repeats: int, concurrency: list[int], settings: list[Setting]
+) -> list[tuple[int, int, Setting]]:
+    """(repeat, level, setting) in run order: repeats outermost, a level's settings
+    reversed on every other repeat (a drift over the run then hits them alike)."""
+    return [
+        (repeat, level, setting)
+        for repeat in range(repeats)
+        for level in concurrency
+        for setting in (settings if repeat % 2 == 0 else settings[::-1])
+    ]
 
 
 def summarise(measurements: list[Measurement]) -> dict:
@@ -430,11 +444,30 @@ def compare(rows: list[dict]) -> list[str]:
         parts = [f"concurrency {concurrency}: adaptive {adaptive['tok_s']:.1f} tok/s"]
         if fixed:
             best = max(fixed, key=lambda r: r["tok_s"])
-            parts.append(f"{adaptive['tok_s'] / best['tok_s']:.3f}x best fixed ({best['label']})")
+            parts.append(
+                f"{adaptive['tok_s'] / best['tok_s']:.3f}x best fixed ({best['label']})"
+                + paired_ratios(adaptive, best)
+            )
         if baseline:
-            parts.append(f"{adaptive['tok_s'] / baseline['tok_s']:.3f}x no spec")
+            parts.append(
+                f"{adaptive['tok_s'] / baseline['tok_s']:.3f}x no spec"
+                + paired_ratios(adaptive, baseline)
+            )
         lines.append(", ".join(parts))
     return lines
+
+
+def paired_ratios(row: dict, baseline: dict) -> str:
+    """`` [paired: median m, min-max]`` of ``row``'s tok/s over ``baseline``'s within each
+    repeat (``tok_s_runs`` in repeat order), or nothing with a single repeat."""
+    runs, base = row.get("tok_s_runs", []), baseline.get("tok_s_runs", [])
+    if len(runs) < 2 or len(runs) != len(base):
+        return ""
+    ratios = np.divide(runs, base)
+    return (
+        f" [paired over {len(ratios)} repeats: median {np.median(ratios):.3f}, "
+        f"{ratios.min():.3f}-{ratios.max():.3f}]"
+    )
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
