@@ -9,6 +9,7 @@ import torch
 from dspark.engine.drafter import DSparkDrafter
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
+from dspark.engine.request import Request
 from dspark.engine.sampling import SamplingParams
 from dspark.models.shapes import SHAPES, random_model
 from dspark.ops import allocate_drafts_torch
@@ -81,6 +82,37 @@ def test_confidences_come_from_the_trace(shaped, draft_model):
     assert rows and rows <= known
 
 
+def test_rounds_are_common_random_numbers_of_request_and_output_point(draft_model):
+    """The round a request meets depends on the seed, its id and how many tokens it has
+    generated, not on the batch around it or on what was drawn before."""
+    trace = constant_trace(2, rounds=50)
+
+    def requests(lengths):
+        made = []
+        for i, length in lengths:
+            request = Request(f"req-{i}", [1, 2, 3], PARAMS, 0.0)
+            request.output_ids = [0] * length
+            made.append(request)
+        return made
+
+    first = ReplayDrafter(DSparkDrafter(draft_model, 1024, 16), trace, seed=3)
+    second = ReplayDrafter(DSparkDrafter(draft_model, 1024, 16), trace, seed=3)
+    batch = requests([(0, 5), (1, 9), (2, 5), (3, 0)])
+    alone = np.concatenate([second.rounds_for(requests([p])) for p in [(3, 0), (1, 9)]])
+    together = first.rounds_for(batch)
+    assert list(alone) == [together[3], together[1]]
+    # Requests 0 and 2 at the same point, and request 0 one token later: other rounds.
+    assert len({together[0], together[2], first.rounds_for(requests([(0, 6)]))[0]}) == 3
+    other_seed = ReplayDrafter(DSparkDrafter(draft_model, 1024, 16), trace, seed=4)
+    assert (other_seed.rounds_for(batch) != together).any()
+    # Over many (request, point) pairs the rounds are uniform: chi-square with 49 degrees
+    # of freedom (mean 49, sd 9.9) far below 49 + 6 sd.
+    many = requests([(i, t) for i in range(200) for t in range(250)])
+    counts = np.bincount(first.rounds_for(many), minlength=50)
+    expected = len(many) / 50
+    assert ((counts - expected) ** 2 / expected).sum() < 49 + 6 * 9.9
+
+
 def test_device_allocation_takes_the_host_allocations_decisions(shaped, draft_model, monkeypatch):
     """The ``dspark.ops`` allocation (here on CPU tensors) admits exactly what
     ``AdaptiveVerifier.allocate`` admits, round for round."""
@@ -93,7 +125,9 @@ def test_device_allocation_takes_the_host_allocations_decisions(shaped, draft_mo
         return allocate_drafts_torch(*args)
 
     monkeypatch.setattr(engine_module, "allocate_drafts_torch", counted)
-    trace = AcceptanceTrace.load()  # the shipped trace: varied confidences and outcomes
+    # Synthetic rounds at published rates: confidences around 0.7 with a spread, so
+    # budgets stay partial whichever rounds the requests meet.
+    trace = AcceptanceTrace.from_published("chat", num_rounds=2000)
     prompts = [list(range(3 + i, 20 + 2 * i)) for i in range(6)]
     logs = []
     for allocation in ("host", "device"):

@@ -281,7 +281,8 @@ def engine_for(
         inner = DSparkDrafter(
             replay.draft_model, drafter_rows(config, block), config.block_size, graphs=graphs
         )
-        # The same seed for every configuration: they all replay the same rounds.
+        # The same seed for every configuration: a request meets the same round at the
+        # same point of its output in all of them (common random numbers).
         drafter = ReplayDrafter(inner, replay.trace, seed=0)
     return LLMEngine(loaded, config, drafter=drafter)
 

@@ -9,16 +9,22 @@ it from an ``AcceptanceTrace``: rounds recorded by the real SmolLM2 drafter in t
 (its calibrated confidences for the K positions and how many of the K drafts the target
 accepted under full verification).
 
-Each proposal draws one trace round per request (independently, with a seeded generator:
-the trace does not keep which rounds came from the same request). The round's
-confidences are what the scheduler sees; when the engine verifies ``a`` of the drafts,
-the request accepts ``min(accepted, a)`` (greedy acceptance is a prefix, so verifying
-fewer drafts accepts the same ones up to ``a``). The emitted tokens are the drafts plus
-the target's argmax, which means nothing with random weights but costs what it costs.
+Each proposal takes one trace round per request (the trace does not keep which rounds
+came from the same request), chosen by hashing the request's id with the number of
+tokens it has generated (and a seed): common random numbers. A request reaching the same
+point of its output meets the same round whatever the engine setting, as a real drafter
+meets the same text there, so settings compared on the same prompts see the same
+acceptance draws where their requests' paths cross and differ by their decisions rather
+than by luck. The round's confidences are what the scheduler sees; when the engine
+verifies ``a`` of the drafts, the request accepts ``min(accepted, a)`` (greedy
+acceptance is a prefix, so verifying fewer drafts accepts the same ones up to ``a``).
+The emitted tokens are the drafts plus the target's argmax, which means nothing with
+random weights but costs what it costs.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -186,7 +192,8 @@ class ReplayDrafter:
         self.inner, self.trace = inner, trace
         self.num_positions = inner.num_positions
         self.capture_layers = getattr(inner, "capture_layers", ())
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self._id_keys: dict[str, int] = {}
         self._pending: dict[str, int] = {}
         self._device_confidences = torch.from_numpy(
             trace.confidences[:, : self.num_positions].copy()
@@ -194,7 +201,7 @@ class ReplayDrafter:
 
     def propose(self, requests: Sequence[Request], max_drafts: np.ndarray) -> Proposal:
         proposal = self.inner.propose(requests, max_drafts)
-        rounds = self.rng.integers(0, self.trace.accepted.shape[0], len(requests))
+        rounds = self.rounds_for(requests)
         for request, index in zip(requests, rounds, strict=True):
             self._pending[request.request_id] = int(self.trace.accepted[index])
         device = getattr(self.inner, "device", torch.device("cpu"))
@@ -206,6 +213,21 @@ class ReplayDrafter:
             self.trace.confidences[rounds, : self.num_positions],
             self._device_confidences[torch.from_numpy(rounds).to(device)],
         )
+
+    def rounds_for(self, requests: Sequence[Request]) -> np.ndarray:
+        """``[len(requests)]`` trace rounds: a hash of (seed, request id, tokens generated)."""
+        keys = np.fromiter((self._id_key(r.request_id) for r in requests), np.uint64)
+        points = np.fromiter((len(r.output_ids) for r in requests), np.uint64)
+        return (_mix64(keys ^ _mix64(points)) % np.uint64(self.trace.accepted.shape[0])).astype(
+            np.int64
+        )
+
+    def _id_key(self, request_id: str) -> int:
+        key = self._id_keys.get(request_id)
+        if key is None:
+            digest = zlib.crc32(request_id.encode(), self.seed & 0xFFFFFFFF)
+            key = self._id_keys[request_id] = (self.seed << 32 | digest) & _MASK64
+        return key
 
     def replayed_acceptance(self, request: Request, num_admitted: int) -> int:
         """Drafts the request accepts when ``num_admitted`` of them are verified."""
@@ -226,7 +248,20 @@ class ReplayDrafter:
 
     def on_finished(self, request: Request) -> None:
         self._pending.pop(request.request_id, None)
+        self._id_keys.pop(request.request_id, None)
         self.inner.on_finished(request)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(values: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 (wrapping arithmetic): a bijection whose outputs
+    look independent for neighbouring inputs."""
+    z = values + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 def random_draft_model(target, seed: int = 0, **overrides):
