@@ -11,7 +11,8 @@ in tok/s can be traced to the steps that make it.
 
 ``MODEL=path.gguf`` runs that model with its shipped drafter instead (acceptance computed,
 the trace argument ignored); ``SETTINGS=none,fixed,adaptive`` picks the settings (default
-fixed,adaptive; fixed at K).
+fixed,adaptive; at K, or ``fixed:3`` for another K); ``FULL_WARMUP=1`` warms up on as
+many requests and tokens as are measured (``dspark bench --full-warmup``).
 """
 
 import os
@@ -104,19 +105,24 @@ def main() -> None:
         loaded = random_model(Args.shape, dtype, Args.device)
         replay = Replay(random_draft_model(loaded), AcceptanceTrace.resolve(trace))
     count = max(4, concurrency * 2)
-    prompts = bench_prompts(None, Args, count + concurrency)
+    full_warmup = os.environ.get("FULL_WARMUP") == "1"
+    num_warm = count if full_warmup else concurrency
+    prompts = bench_prompts(None, Args, count + num_warm)
     params = SamplingParams(temperature=0.0, max_tokens=Args.max_tokens)
-    warm = SamplingParams(temperature=0.0, max_tokens=max(4, Args.max_tokens // 4))
-    names = os.environ.get("SETTINGS", "fixed,adaptive").split(",")
-    settings = [Setting(name, 0 if name == "none" else k) for name in names]
+    warm_tokens = Args.max_tokens if full_warmup else max(4, Args.max_tokens // 4)
+    warm = SamplingParams(temperature=0.0, max_tokens=warm_tokens)
+    settings = []
+    for name in os.environ.get("SETTINGS", "fixed,adaptive").split(","):
+        spec, _, depth = name.partition(":")
+        settings.append(Setting(spec, 0 if spec == "none" else int(depth or k)))
     for repeat in range(repeats):
         for setting in settings:
             engine = engine_for(loaded, setting, concurrency, Args, replay)
-            closed_loop(engine, prompts[:concurrency], warm, concurrency)
+            closed_loop(engine, prompts[:num_warm], warm, concurrency)
             engine.stats.__init__()
             log = []
             traced(engine, log)
-            finished, seconds = closed_loop(engine, prompts[concurrency:], params, concurrency)
+            finished, seconds = closed_loop(engine, prompts[num_warm:], params, concurrency)
             tokens = sum(len(r.output_ids) for r in finished)
             by_class = defaultdict(lambda: [0, 0.0, 0])
             for entry in log:
