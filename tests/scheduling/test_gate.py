@@ -167,25 +167,3 @@ def test_an_unmeasured_bucket_follows_its_nearest_measured_neighbour():
     fresh.record(4, True, 30, 10.0)
     # Nothing measured on both arms anywhere: measure the undrafted arm too.
     assert fresh.should_draft(4) is False
-
-
-def test_held_back_upkeep_is_charged_to_the_undrafted_steps_that_held_it_back():
-    gate = ThroughputGate(window=4)
-    for wall in (10.0, 10.0, 10.0, 10.0, 10.0):  # five undrafted steps, four in the window
-        gate.record(8, False, 40, wall)
-    gate.record(8, True, 90, 20.0)
-    assert gate.rates(8) == (4.5, 4.0)
-    # 12 ms of upkeep held back over the last 3 undrafted steps: 4 ms each, all in the
-    # window (160 tokens over 40 + 12 ms); the drafted arm is untouched.
-    gate.charge_upkeep(8, 12.0, 3)
-    assert gate.rates(8) == (4.5, 160 / 52)
-    # Upkeep held back over more steps than the window keeps: only the window's share.
-    gate.charge_upkeep(8, 30.0, 10)
-    assert gate.rates(8) == (4.5, 160 / 64)
-    # Another bucket is not charged.
-    gate.charge_upkeep(64, 30.0, 2)
-    assert gate.rates(8) == (4.5, 160 / 64)
-    with pytest.raises(ValueError, match="steps >= 1"):
-        gate.charge_upkeep(8, 1.0, 0)
-    with pytest.raises(ValueError, match="ms >= 0"):
-        gate.charge_upkeep(8, float("nan"), 1)

@@ -232,7 +232,6 @@ class LLMEngine:
         self._priced_step: tuple[int, int, int, int] | None = None
         self._deferred: list[tuple[list, torch.Tensor]] = []  # held-back context updates
         self._flush_ms = 0.0
-        self._flush_reqs = 0
         # Adaptive: (step it is for, slots, depth, probe depth, budget) decided ahead, and
         # the (step, depth, budget) of a plan taken ahead for the step under way.
         self._ahead: tuple[int, np.ndarray, int, int, int] | None = None
@@ -492,7 +491,9 @@ class LLMEngine:
                 self.stats.undrafted_steps += 1
                 return drafts, probs
             limits = np.minimum(limits, depth)
-        self._timed_flush()  # the drafter's context must be complete before it drafts
+        flush_start = time.perf_counter()
+        self._flush_upkeep()  # the drafter's context must be complete before it drafts
+        self._flush_ms = (time.perf_counter() - flush_start) * 1e3
         captures = self.num_captures()
         start = self._clock()
         proposal: Proposal = self.drafter.propose([chunks[i].request for i in decode_index], limits)
@@ -766,9 +767,10 @@ class LLMEngine:
         if self.config.defer_upkeep and step is not None and step[2] == 0:
             items = [(r, start, count, r.num_preemptions) for r, start, _, count in kept]
             self._deferred.append((items, selected))
-            self._flush_reqs = step[0]  # the batch size whose undrafted steps pay for it
             if len(self._deferred) >= DEFER_LIMIT:
-                self._timed_flush()  # other steps' work: not this step's price
+                start = time.perf_counter()
+                self._flush_upkeep()  # other steps' work: not this step's price
+                self._flush_ms += (time.perf_counter() - start) * 1e3
             return
         self._flush_upkeep()  # anything held back goes first, in order
         self.drafter.observe(
@@ -777,20 +779,6 @@ class LLMEngine:
             [item[3] for item in kept],
             selected,
         )
-
-    def _timed_flush(self) -> None:
-        """``_flush_upkeep``, timed with its device work (synchronised) into ``_flush_ms``
-        and charged to the undrafted steps that held it back (``ThroughputGate
-        .charge_upkeep``): their price, not the price of the step that runs it."""
-        steps = len(self._deferred)
-        if not steps:
-            return
-        start = self._clock()
-        self._flush_upkeep()
-        ms = self._clock() - start
-        self._flush_ms += ms
-        if self.gate is not None:
-            self.gate.charge_upkeep(self._flush_reqs, ms, steps)
 
     def _flush_upkeep(self) -> None:
         """Run the drafter's context updates held back on undrafted steps, in order, as one

@@ -162,21 +162,6 @@ class ThroughputGate:
         state.samples[arm].append((tokens, wall_ms))
         state.measured[arm] += 1
 
-    def charge_upkeep(self, num_reqs: int, ms: float, steps: int) -> None:
-        """Charge ``ms`` of drafter context upkeep, held back on the last ``steps``
-        undrafted steps and run later in one batch, to those steps: each of the newest
-        ``steps`` undrafted samples of the bucket (those still in its window) gets its
-        share. Undrafted steps keep the drafter ready to draft again, which running
-        without speculation never pays; left uncharged, the undrafted arm would look
-        cheaper than it is."""
-        if not ms >= 0.0 or steps < 1:
-            raise ValueError(f"need ms >= 0 and steps >= 1, got {ms} and {steps}")
-        samples = self._get(num_reqs).samples[UNDRAFTED]
-        share = ms / steps
-        for i in range(max(len(samples) - steps, 0), len(samples)):
-            tokens, wall = samples[i]
-            samples[i] = (tokens, wall + share)
-
     def rates(self, num_reqs: int) -> tuple[float | None, float | None]:
         """(drafted, undrafted) tokens per ms measured for this batch size's bucket."""
         state = self._buckets.get(self.bucket(num_reqs))
