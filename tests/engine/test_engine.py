@@ -388,6 +388,27 @@ def test_deferred_drafter_upkeep_drafts_exactly_as_eager_upkeep(tmp_path, patter
     np.testing.assert_allclose(np.array(results[0][1]), np.array(results[1][1]), atol=1e-5)
 
 
+def test_online_acceptance_learns_from_drafted_steps_only(tiny):
+    """Undrafted steps try no position: they neither update nor decay the learnt rates."""
+    engine = LLMEngine(tiny, EngineConfig(spec="adaptive", num_drafts=3), cost_model=CheapCost(2))
+    engine.gate = ScriptedGate([True, False, False])
+    updates = []
+    update = engine.acceptance.update
+    engine.acceptance.update = lambda admitted, accepted: (
+        updates.append(admitted.copy()),
+        update(admitted, accepted),
+    )
+    for prompt in repetitive_prompts(3):
+        engine.add_request(prompt, GREEDY)
+    while engine.has_unfinished():
+        engine.step()
+    drafted = sum(n for depth, n in engine.stats.depth_steps.items() if depth)
+    assert engine.stats.undrafted_steps > 0 and drafted > 0
+    # One update per step that verified a draft (a drafted step whose requests were all
+    # at their length limit verifies none), none from the undrafted ones.
+    assert 0 < len(updates) <= drafted and all(a.sum() > 0 for a in updates)
+
+
 class RecordingCost(CheapCost):
     """Cheap drafts, a free drafter, and a log of the steps the engine reports."""
 

@@ -747,7 +747,7 @@ class LLMEngine:
                     )
             self._emit(request, new_tokens)
             touched.append(request)
-        if admitted:
+        if any(admitted):  # an undrafted step tried no position: nothing to learn
             self.acceptance.update(np.array(admitted), np.array(accepted))
         if features is not None:
             phase = time.perf_counter()
@@ -761,7 +761,10 @@ class LLMEngine:
         kept = [item for item in kept if not item[0].is_finished and item[3] > 0]
         if not kept:
             return
-        rows = np.concatenate([np.arange(row, row + count) for _, _, row, count in kept])
+        if all(count == 1 for *_, count in kept):  # decodes that kept one position each
+            rows = np.fromiter((row for _, _, row, _ in kept), np.int64, len(kept))
+        else:
+            rows = np.concatenate([np.arange(row, row + count) for _, _, row, count in kept])
         selected = features[torch.from_numpy(rows).to(features.device)]
         step = self._priced_step  # set when adaptive verification decided this step
         if self.config.defer_upkeep and step is not None and step[2] == 0:
