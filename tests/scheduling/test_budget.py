@@ -136,6 +136,28 @@ class PaddedCost:
         return self.fixed + self.per_token * padded
 
 
+def assert_smallest_best_budget(chosen, conf, drafts, sampling, costs, cap):
+    """``chosen`` maximises gain / cost over every b in 0..cap (brute force), and no
+    smaller b does as well (up to rounding in the sums)."""
+    ratios = budget_ratios(conf, drafts, sampling, costs, cap)
+    best = ratios.max()
+    assert 0 <= chosen <= cap
+    assert ratios[chosen] >= best * (1 - 1e-12)
+    assert not (ratios[:chosen] >= best * (1 + 1e-12)).any()
+    assert not (ratios[:chosen] > ratios[chosen] * (1 + 1e-12)).any()
+
+
+def small_case(batch):
+    """(conf, drafts, sampling, cap, costs) of a drawn batch, or None when nothing can be
+    drafted."""
+    conf, drafts, non_draft, sampling, fixed, per_token, step, logits = batch
+    cap = min(int(drafts.sum()), max(0, logits - len(drafts)))
+    if cap == 0:
+        return None
+    costs = PaddedCost(fixed, per_token, step).step_costs_ms(len(drafts), int(non_draft.sum()), cap)
+    return conf, drafts, sampling, cap, costs
+
+
 @settings(max_examples=400, deadline=None)
 @given(batches())
 def test_budget_maximises_gain_over_cost_against_brute_force(batch):
@@ -144,13 +166,7 @@ def test_budget_maximises_gain_over_cost_against_brute_force(batch):
     chosen = choose_draft_budget(conf, drafts, non_draft, sampling, cost, logits)
     cap = min(int(drafts.sum()), max(0, logits - len(drafts)))
     costs = cost.step_costs_ms(len(drafts), int(non_draft.sum()), cap)
-    ratios = budget_ratios(conf, drafts, sampling, costs, cap)
-    assert 0 <= chosen <= cap
-    best = ratios.max()
-    assert ratios[chosen] >= best * (1 - 1e-12)
-    # Smallest b among the maximisers (up to rounding in the sums).
-    assert not (ratios[:chosen] >= best * (1 + 1e-12)).any()
-    assert not (ratios[:chosen] > ratios[chosen] * (1 + 1e-12)).any()
+    assert_smallest_best_budget(chosen, conf, drafts, sampling, costs, cap)
 
 
 @settings(max_examples=150, deadline=None)
@@ -216,21 +232,15 @@ def test_same_decisions_as_the_seed_on_seed_tables(num_reqs, seed):
 @given(batch=batches(max_reqs=12, max_k=6))
 def test_binned_search_on_small_batches_against_brute_force(num_bins, batch):
     # Few bins on small batches: wide bins, bins cut by cap, empty bins, zeros and ties.
-    conf, drafts, non_draft, sampling, fixed, per_token, step, logits = batch
-    cap = min(int(drafts.sum()), max(0, logits - len(drafts)))
-    if cap == 0:
+    case = small_case(batch)
+    if case is None:
         return
-    costs = PaddedCost(fixed, per_token, step).step_costs_ms(len(drafts), int(non_draft.sum()), cap)
+    conf, drafts, sampling, cap, costs = case
     scores = survival_by_position(conf, drafts).ravel()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(budget_module, "num_bins_for", lambda num_slots: num_bins)
         chosen = _best_budget_binned(scores, cap, sampling, costs)
-    ratios = budget_ratios(conf, drafts, sampling, costs, cap)
-    best = ratios.max()
-    assert 0 <= chosen <= cap
-    assert ratios[chosen] >= best * (1 - 1e-12)
-    assert not (ratios[:chosen] >= best * (1 + 1e-12)).any()
-    assert not (ratios[:chosen] > ratios[chosen] * (1 + 1e-12)).any()
+    assert_smallest_best_budget(chosen, conf, drafts, sampling, costs, cap)
 
 
 def test_binned_search_handles_exact_ties_zeros_and_a_cap_inside_a_bin():
@@ -264,19 +274,13 @@ def test_binned_search_finds_an_optimum_just_before_a_cost_step():
 @given(batch=batches(max_reqs=12, max_k=6))
 def test_block_search_on_small_batches_against_brute_force(block, batch):
     # Small blocks on small batches: blocks cut by cap, zero slots and exact ties.
-    conf, drafts, non_draft, sampling, fixed, per_token, step, logits = batch
-    cap = min(int(drafts.sum()), max(0, logits - len(drafts)))
-    if cap == 0:
+    case = small_case(batch)
+    if case is None:
         return
-    costs = PaddedCost(fixed, per_token, step).step_costs_ms(len(drafts), int(non_draft.sum()), cap)
+    conf, drafts, sampling, cap, costs = case
     ranked = np.sort(-survival_by_position(conf, drafts).ravel())
     chosen = _best_in_blocks(ranked, cap, sampling, costs, block)
-    ratios = budget_ratios(conf, drafts, sampling, costs, cap)
-    best = ratios.max()
-    assert 0 <= chosen <= cap
-    assert ratios[chosen] >= best * (1 - 1e-12)
-    assert not (ratios[:chosen] >= best * (1 + 1e-12)).any()
-    assert not (ratios[:chosen] > ratios[chosen] * (1 + 1e-12)).any()
+    assert_smallest_best_budget(chosen, conf, drafts, sampling, costs, cap)
 
 
 @settings(max_examples=100, deadline=None)

@@ -189,7 +189,7 @@ seed's gains); beyond it the running sum, one dependent add per rank, is the slo
 part of the search, and it sums blocks of ranks instead (``_best_in_blocks``)."""
 
 RANK_BLOCK = 64
-_BLOCK_STARTS = np.arange(0, 1 << 22, RANK_BLOCK)  # the first rank of each block
+_BLOCK_STARTS = np.arange(0, 1 << 22, RANK_BLOCK)  # the first rank of each block (cached)
 _BLOCK_STARTS.flags.writeable = False
 
 
@@ -217,7 +217,10 @@ def _best_in_blocks(
     the open ones are summed rank by rank. Gains round as block sums do, so only budgets
     tied to ~1e-15 may resolve differently from the seed's."""
     num_blocks = -(-cap // block)
-    starts = _BLOCK_STARTS[:num_blocks] if block == RANK_BLOCK else np.arange(0, cap, block)
+    if block == RANK_BLOCK and num_blocks <= _BLOCK_STARTS.shape[0]:
+        starts = _BLOCK_STARTS[:num_blocks]
+    else:
+        starts = np.arange(0, cap, block)
     gains = np.add.reduceat(ranked[:cap], starts)  # [num_blocks]: negated block sums
     np.add.accumulate(gains, out=gains)
     np.subtract(num_sampling, gains, out=gains)  # the gain where each block ends
