@@ -238,6 +238,9 @@ class LLMEngine:
         self._planned: tuple[int, int, int] | None = None
         # Adaptive: a round whose recording waits for the forward (slots, confidences).
         self._unrecorded: tuple[np.ndarray, np.ndarray] | None = None
+        # Adaptive, look-ahead on: slots of an undrafted step whose ``relax`` waits for the
+        # forward (``_relax_pending``), off the host's critical path.
+        self._to_relax: np.ndarray | None = None
         self._step_index = 0
         self.lookahead = False
         self.round_log: list[tuple[np.ndarray | None, int, int]] | None = None
@@ -357,6 +360,7 @@ class LLMEngine:
 
     def _on_release(self, request: Request) -> None:
         if self.verifier is not None:
+            self._relax_pending()  # it may hold this slot
             self.verifier.remove_request(request.slot)
         if self.drafter is not None:
             self.drafter.on_finished(request)
@@ -549,6 +553,7 @@ class LLMEngine:
         then the requests are relaxed (nothing is recorded for them this step, so they
         are retried as the population's confidences suggest, never given up for good)."""
         start = time.perf_counter()
+        self._relax_pending()  # left by a step that failed before its forward
         num_reqs = batch.slots.shape[0]
         ahead, self._ahead = self._ahead, None
         if (
@@ -577,7 +582,9 @@ class LLMEngine:
         self.stats.depth_steps[depth] += 1
         self._priced_step = (num_reqs, int(batch.non_draft.sum()), depth, batch.context)
         if depth == 0:
-            self.verifier.relax(batch.slots[batch.decode_index])
+            self._to_relax = batch.slots[batch.decode_index]
+            if not self.lookahead:
+                self._relax_pending()
         self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3 + batch.host_ms)
         return depth
 
@@ -600,6 +607,7 @@ class LLMEngine:
         exactly when the cost model learns nothing in between (``ObservedDraftCost`` learns
         from each proposal's time: the plan ahead misses one such update)."""
         start = time.perf_counter()
+        self._relax_pending()  # this step's, should it not draft
         if self._unrecorded is not None:  # the round this step drafts (its plan was ahead)
             self.verifier.record(*self._unrecorded)
             self._unrecorded = None
@@ -626,6 +634,15 @@ class LLMEngine:
         )
         self._ahead = (self._step_index + 1, slots, depth, probe_depth, budget)
         self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
+
+    def _relax_pending(self) -> None:
+        """``AdaptiveVerifier.relax`` the slots an undrafted step left (``_drafting_depth``).
+        With the look-ahead on it runs at the start of ``_look_ahead``, while the device
+        computes, and nothing reads or writes the verifier in between: the same state as
+        relaxing at once, one step's host work lighter."""
+        if self._to_relax is not None:
+            slots, self._to_relax = self._to_relax, None
+            self.verifier.relax(slots)
 
     def _admit_adaptively(self, batch: _Batch, drafts: list[list[int]], proposal: Proposal) -> None:
         """Stale budget, fresh allocation (``dspark.scheduling.verifier``)."""
@@ -765,7 +782,13 @@ class LLMEngine:
             rows = np.fromiter((row for _, _, row, _ in kept), np.int64, len(kept))
         else:
             rows = np.concatenate([np.arange(row, row + count) for _, _, row, count in kept])
-        selected = features[torch.from_numpy(rows).to(features.device)]
+        if rows[-1] == rows.shape[0] - 1:
+            # Rows only increase, so these are rows 0..n-1 (every request kept one row of
+            # an undrafted step): a view of the step's own (concatenated) features, with
+            # no index sent to the device and no gather.
+            selected = features[: rows.shape[0]]
+        else:
+            selected = features[torch.from_numpy(rows).to(features.device)]
         step = self._priced_step  # set when adaptive verification decided this step
         if self.config.defer_upkeep and step is not None and step[2] == 0:
             items = [(r, start, count, r.num_preemptions) for r, start, _, count in kept]
