@@ -36,19 +36,20 @@ def main() -> None:
         print("model", depth)
         return depth
 
-    def traced_draft(num_reqs):
-        answer = should_draft(num_reqs)
-        print("gate", answer)
+    def traced_draft(num_reqs, mixed=False):
+        answer = should_draft(num_reqs, mixed)
+        print("gate", "mixed" if mixed else "decode", answer)
         return answer
 
-    def traced_record(num_reqs, drafted, tokens, wall_ms):
-        print(f"step {drafted} {tokens} {wall_ms:.1f}")
-        record(num_reqs, drafted, tokens, wall_ms)
+    def traced_record(num_reqs, drafted, tokens, wall_ms, mixed=False):
+        print(f"step {'mixed' if mixed else 'decode'} {drafted} {tokens} {wall_ms:.1f}")
+        record(num_reqs, drafted, tokens, wall_ms, mixed)
 
     verifier.drafting_pays = traced_pays
     gate.should_draft, gate.record = traced_draft, traced_record
     closed_loop(engine, prompts[1:], SamplingParams(temperature=0.0, max_tokens=32), concurrency)
     print("rates (drafted, undrafted) tokens/ms:", gate.rates(concurrency))
+    print("with a prompt chunk:", gate.rates(concurrency, mixed=True))
     cost = verifier.cost_model
     print(
         f"learnt overhead at {concurrency} requests beyond the profiled price, ms: "

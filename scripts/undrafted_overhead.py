@@ -40,8 +40,8 @@ def main() -> None:
         )
         engine = LLMEngine(loaded, config)
         if engine.gate is not None:
-            engine.gate.should_draft = lambda num_reqs: False
-            engine.gate.should_probe = lambda num_reqs: False
+            engine.gate.should_draft = lambda num_reqs, mixed=False: False
+            engine.gate.should_probe = lambda num_reqs, mixed=False: False
         for prompt in prompts:
             engine.add_request(prompt, params)
         while engine.has_unfinished():

@@ -5,7 +5,7 @@ set -uo pipefail
 export PYTHONPATH=src
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 if [ "${CHECKS:-1}" = 1 ]; then
-  timeout 150 python3 -m pytest -q -m gpu tests/engine/test_graphs.py tests/ops -p no:cacheprovider 2>&1 | tail -5 || { echo "GPU tests failed"; exit 1; }
+  timeout 150 python3 -m pytest -q -m gpu tests/engine/test_graphs.py tests/models/test_drafter.py tests/ops -p no:cacheprovider 2>&1 | tail -5 || { echo "GPU tests failed"; exit 1; }
 fi
 if [ "${STEPTIMES:-0}" = 1 ]; then
   timeout 150 python3 scripts/gpu/graph_step_times.py 2>&1 | tail -12

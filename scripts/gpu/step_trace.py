@@ -164,8 +164,11 @@ def main() -> None:
                     f"wall p50 {np.median(walls):.2f} p90 {np.percentile(walls, 90):.2f} ms"
                 )
                 if engine.gate is not None:
-                    rates = {n: engine.gate.rates(n) for n in sorted({e["num_reqs"] for e in log})}
-                    print("  gate (drafted, undrafted) tok/ms by batch size:", rates)
+                    sizes = sorted({e["num_reqs"] for e in log})
+                    for mixed in (False, True):
+                        rates = {n: engine.gate.rates(n, mixed) for n in sizes}
+                        kind = "with a prompt chunk" if mixed else "decoding"
+                        print(f"  gate (drafted, undrafted) tok/ms by batch size, {kind}:", rates)
                 budgets = [e["budget"] for e in log if e["budget"] is not None]
                 if budgets:
                     print(f"  budgets: mean {np.mean(budgets):.1f}, first 40 {budgets[:40]}")

@@ -341,14 +341,14 @@ class ScriptedGate:
     def __init__(self, pattern):
         self.pattern, self.calls = pattern, 0
 
-    def should_draft(self, num_reqs):
+    def should_draft(self, num_reqs, mixed=False):
         self.calls += 1
         return self.pattern[self.calls % len(self.pattern)]
 
-    def should_probe(self, num_reqs):
+    def should_probe(self, num_reqs, mixed=False):
         return False  # the pattern alone decides
 
-    def record(self, num_reqs, drafted, tokens, wall_ms):
+    def record(self, num_reqs, drafted, tokens, wall_ms, mixed=False):
         pass
 
 
@@ -465,11 +465,11 @@ class CountingGate(ScriptedGate):
         super().__init__([True])
         self.records = []
 
-    def record(self, num_reqs, drafted, tokens, wall_ms):
-        self.records.append((num_reqs, drafted, tokens))
+    def record(self, num_reqs, drafted, tokens, wall_ms, mixed=False):
+        self.records.append((num_reqs, drafted, tokens, mixed))
 
 
-def test_only_decoding_steps_are_timed_for_the_gate_and_the_prices(tiny):
+def test_the_gate_times_mixed_steps_apart_and_the_prices_learn_from_decoding_steps(tiny):
     prompts = repetitive_prompts(10)
     plain, _ = run(tiny, prompts)
     cost = RecordingCost(4)
@@ -493,4 +493,7 @@ def test_only_decoding_steps_are_timed_for_the_gate_and_the_prices(tiny):
     assert [r.output_ids for r in requests] == [o.token_ids for o in plain]
     # Four running at a time over ten requests: prompt chunks share steps with decodes.
     assert not all(decoding_steps)
-    assert len(gate.records) == len(cost.steps) == sum(decoding_steps)
+    # The gate times every step with decodes (none captured a graph on this CPU), each
+    # marked mixed exactly when a prompt chunk shared it; the cost model only the others.
+    assert [mixed for *_, mixed in gate.records] == [not pure for pure in decoding_steps]
+    assert len(cost.steps) == sum(decoding_steps)

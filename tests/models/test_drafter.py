@@ -175,6 +175,77 @@ def test_rollback_after_partial_acceptance(setup):
     assert a.tokens[0] == dense_greedy(drafter, features, ids, 12)[0]
 
 
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+            ],
+        ),
+    ],
+)
+def test_padded_context_updates_leave_the_context_the_eager_ones_leave(setup, device):
+    """``ContextWriter`` pads each update to a row count it replays (a captured CUDA graph
+    on a GPU; the same padded body run eagerly on the CPU): the drafts and confidences
+    that read the context come out as with the eager update, and its padding rows land in
+    the scratch block only."""
+    target, drafter = setup
+    rng = np.random.default_rng(5)
+    seqs = [[int(x) for x in rng.integers(0, 256, size=n)] for n in (30, 23, 17)]
+    features = [features_for(target, drafter, ids).to(device) for ids in seqs]
+    drafter = drafter.to(device)
+    eager = DSparkDrafter(drafter, num_rows=512, block_size=4)
+    padded = DSparkDrafter(drafter, num_rows=512, block_size=4, graphs=(4, 64))
+    scratch = padded.graphs.scratch_block
+    before = [k.clone() for k, _ in padded.cache.layers]
+
+    def named(i, ids):
+        request = request_for(ids, 12)
+        request.request_id = f"r{i}"
+        return request
+
+    for engine_drafter in (eager, padded):
+        r = [named(i, ids) for i, ids in enumerate(seqs)]
+        f = features
+        # Prompt chunks of 7, 12 and 5 rows in one update (24 rows: padded to 32), then
+        # 10 rows (to 16), single rows, and a rollback: rows 10 and 11 of the second
+        # request written with other features, then the kept row 10 again.
+        engine_drafter.observe(r, [0, 0, 0], [7, 12, 5], torch.cat([f[0][:7], f[1][:12], f[2][:5]]))
+        engine_drafter.observe([r[0], r[2]], [7, 5], [3, 7], torch.cat([f[0][7:10], f[2][5:12]]))
+        engine_drafter.observe([r[0]], [10], [1], f[0][10:11])
+        engine_drafter.observe([r[1]], [10], [2], f[1][10:12] + 1.0)
+        engine_drafter.observe([r[1]], [10], [1], f[1][10:11])
+        engine_drafter.observe(r[:2], [11, 11], [1, 1], torch.cat([f[0][11:12], f[1][11:12]]))
+    assert padded.context_graphs.num_runs == 6
+    assert padded.context_graphs.capture == (device == "cuda")
+    assert padded.context_graphs.num_captures == (4 if device == "cuda" else 0)  # 32, 16, 1, 2
+    assert eager.context_graphs is None
+    requests = [named(i, ids) for i, ids in enumerate(seqs)]
+    a = eager.propose(requests, np.array([4, 4, 4]))
+    b = padded.propose(requests, np.array([4, 4, 4]))
+    assert a.tokens == b.tokens and all(len(t) == 4 for t in a.tokens)
+    # On a GPU padded row counts may pick other matrix kernels: rounding differs a little.
+    tolerance = {"rtol": 1e-5, "atol": 1e-6} if device == "cpu" else {"rtol": 1e-4, "atol": 1e-5}
+    np.testing.assert_allclose(a.confidences, b.confidences, **tolerance)
+    # Every cache row the padded drafter's requests own holds what the eager one wrote.
+    for request in requests:
+        rows = {}
+        for name, engine_drafter in (("eager", eager), ("padded", padded)):
+            table = engine_drafter.tables[request.request_id]
+            rows[name] = table.rows(np.arange(12), 4)
+        for (k1, _), (k2, _) in zip(eager.cache.layers, padded.cache.layers, strict=True):
+            torch.testing.assert_close(k1[rows["eager"]], k2[rows["padded"]], **tolerance)
+    # Outside the requests' blocks, only the scratch block changed.
+    owned = {b for t in padded.tables.values() for b in t.blocks}
+    for (k, _), old in zip(padded.cache.layers, before, strict=True):
+        changed = (k != old).flatten(1).any(dim=1).nonzero().flatten() // 4
+        assert set(changed.tolist()) - owned == {scratch}
+
+
 def test_requests_without_complete_context_get_no_drafts(setup):
     target, drafter = setup
     ids = list(range(100, 130))

@@ -167,3 +167,21 @@ def test_an_unmeasured_bucket_follows_its_nearest_measured_neighbour():
     fresh.record(4, True, 30, 10.0)
     # Nothing measured on both arms anywhere: measure the undrafted arm too.
     assert fresh.should_draft(4) is False
+
+
+def test_steps_with_a_prompt_chunk_learn_apart_and_borrow_only_while_unmeasured():
+    gate = ThroughputGate(explore_every=1000, min_steps=2)
+    for _ in range(2):  # decoding steps of 8..15 requests: drafting 3 tokens/ms, not 1
+        gate.record(8, True, 30, 10.0)
+        gate.record(8, False, 10, 10.0)
+    assert gate.rates(8, mixed=True) == (None, None)
+    # Mixed steps have no figures yet: they follow the decoding bucket (draft).
+    assert all(gate.should_draft(8, mixed=True) for _ in range(3))
+    for _ in range(2):  # with a prompt chunk drafting loses: 1 token/ms against 2
+        gate.record(8, True, 10, 10.0, mixed=True)
+        gate.record(8, False, 20, 10.0, mixed=True)
+    assert gate.rates(8, mixed=True) == (1.0, 2.0) and gate.rates(8) == (3.0, 1.0)
+    assert not any(gate.should_draft(8, mixed=True) for _ in range(5))
+    assert all(gate.should_draft(8) for _ in range(5))  # decoding steps still draft
+    # A mixed bucket of another size follows the measured mixed one, not the decoding one.
+    assert not any(gate.should_draft(40, mixed=True) for _ in range(5))

@@ -265,7 +265,9 @@ class LLMEngine:
         runners = (
             self.graphs,
             getattr(self.drafter, "graphs", None),
+            getattr(self.drafter, "context_graphs", None),
             getattr(inner, "graphs", None),
+            getattr(inner, "context_graphs", None),
         )
         self._runners = [runner for runner in runners if runner is not None]
         self.allocate_on_device = config.allocation == "device"
@@ -416,17 +418,18 @@ class LLMEngine:
         self.stats.apply_ms.append((end - phase) * 1e3)
         if not self.scheduler.running:
             self._deferred.clear()  # held-back updates of requests that all finished
-        # Only decoding steps are timed: a prompt chunk makes a step slow whichever way it
-        # drafted (one in a 16-step window can flip the gate), and a step that captured a
-        # graph is not a typical step of its kind.
+        # A step that captured a graph is not a typical step of its kind: not timed. The
+        # gate times steps with a prompt chunk in buckets of their own (the chunk makes a
+        # step slow whichever way it drafted); the cost model learns from decoding steps.
         num_reqs, num_tokens, depth, context = self._priced_step or (0, -1, 0, 0)
-        if num_tokens == num_reqs and self.num_captures() == captures:
+        if num_tokens >= num_reqs > 0 and self.num_captures() == captures:
             wall_ms = max((end - step_start) * 1e3 - self._flush_ms, 1e-3)
+            mixed = num_tokens != num_reqs
             if self.gate is not None:
                 tokens = self.stats.num_generated - generated
-                self.gate.record(num_reqs, depth > 0, tokens, wall_ms)
+                self.gate.record(num_reqs, depth > 0, tokens, wall_ms, mixed)
             record_step = getattr(self.verifier.cost_model, "record_step", None)
-            if record_step is not None:
+            if record_step is not None and not mixed:
                 admitted = sum(len(extra) for extra in drafts)
                 record_step(num_reqs, num_tokens, admitted, depth, wall_ms, context)
         self.stats.capture_steps += self.num_captures() != captures
@@ -573,14 +576,16 @@ class LLMEngine:
             depth = self.verifier.drafting_pays(
                 batch.slots, num_drafts, batch.non_draft, batch.num_sampling, batch.context
             )
-        if depth and self.gate is not None and not self.gate.should_draft(num_reqs):
+        num_tokens = int(batch.non_draft.sum())
+        mixed = num_tokens != num_reqs  # a prompt chunk shares the step
+        if depth and self.gate is not None and not self.gate.should_draft(num_reqs, mixed):
             depth = 0  # measured: undrafted steps emit more tokens per ms at this size
             self.stats.gate_vetoes += 1
-        elif not depth and self.gate is not None and self.gate.should_probe(num_reqs):
+        elif not depth and self.gate is not None and self.gate.should_probe(num_reqs, mixed):
             depth = self.verifier.probe_depth  # keep the price of drafting measured
             self.stats.probes += bool(depth)
         self.stats.depth_steps[depth] += 1
-        self._priced_step = (num_reqs, int(batch.non_draft.sum()), depth, batch.context)
+        self._priced_step = (num_reqs, num_tokens, depth, batch.context)
         if depth == 0:
             self._to_relax = batch.slots[batch.decode_index]
             if not self.lookahead:

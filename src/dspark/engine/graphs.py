@@ -65,7 +65,7 @@ def piece_sizes(limit: int) -> list[int]:
     return [*sizes, limit]
 
 
-def _round_up(sizes: Sequence[int], value: int) -> int | None:
+def round_up(sizes: Sequence[int], value: int) -> int | None:
     index = bisect.bisect_left(sizes, value)
     return sizes[index] if index < len(sizes) else None
 
@@ -146,9 +146,9 @@ class PaddedStepRunner:
     def shape_for(self, num_cached: np.ndarray, num_query: np.ndarray) -> StepShape | None:
         """The padded shape of a step, or None when it is larger than any captured one."""
         pieces = int((-(-num_query // self.piece_len)).sum())
-        t = _round_up(self.token_sizes, int(num_query.sum()))
-        r = _round_up(self.piece_sizes, pieces)
-        length = _round_up(self.len_sizes, int((num_cached + num_query).max()))
+        t = round_up(self.token_sizes, int(num_query.sum()))
+        r = round_up(self.piece_sizes, pieces)
+        length = round_up(self.len_sizes, int((num_cached + num_query).max()))
         if t is None or r is None or length is None:
             return None
         if r * length > self.max_key_rows:
