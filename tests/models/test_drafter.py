@@ -197,6 +197,7 @@ def test_padded_context_updates_leave_the_context_the_eager_ones_leave(setup, de
     rng = np.random.default_rng(5)
     seqs = [[int(x) for x in rng.integers(0, 256, size=n)] for n in (30, 23, 17)]
     features = [features_for(target, drafter, ids).to(device) for ids in seqs]
+    target.model.to(device)  # the drafter reads the target's embedding and LM head
     drafter = drafter.to(device)
     eager = DSparkDrafter(drafter, num_rows=512, block_size=4)
     padded = DSparkDrafter(drafter, num_rows=512, block_size=4, graphs=(4, 64))
