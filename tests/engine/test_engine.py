@@ -78,21 +78,35 @@ def test_greedy_speculation_equals_plain_greedy_on_a_random_model(tiny, spec):
         assert len(budgets) > 3, budgets  # the random costs varied the budget
 
 
-@pytest.mark.parametrize("spec", ["fixed", "adaptive"])
-def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(tmp_path, spec):
+@pytest.mark.parametrize(
+    ("spec", "lookahead"), [("fixed", "off"), ("adaptive", "off"), ("adaptive", "on")]
+)
+def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(tmp_path, spec, lookahead):
+    """With the look-ahead on, depths decided ahead are taken by the same decodes and,
+    most of the time, by batches that changed (``lookahead_reuse``): still lossless."""
     from tests.models.test_drafter import random_drafter
 
     target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
     drafter = random_drafter(target, block_size=5)
     prompts = repetitive_prompts(10)
     plain, _ = run(target, prompts)
+    reused = 0
     for k, seed in ((2, 0), (5, 1)):
         cost = RandomCost(seed) if spec == "adaptive" else None
         out, engine = run(
-            target, prompts, spec=spec, num_drafts=k, cost_model=cost, drafter_model=drafter
+            target,
+            prompts,
+            spec=spec,
+            num_drafts=k,
+            cost_model=cost,
+            drafter_model=drafter,
+            lookahead=lookahead,
+            max_num_seqs=4,
         )
         assert [o.token_ids for o in out] == [o.token_ids for o in plain]
         assert engine.stats.num_verified > engine.stats.num_decode_rounds
+        reused += engine.stats.lookahead_reused
+    assert (reused > 0) == (lookahead == "on")
 
 
 def concentrated_model(tmp_path, live: int = 6):

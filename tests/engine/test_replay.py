@@ -306,7 +306,7 @@ class DepthCost:
         return 0.5 + 0.2 * (7 if depth is None else depth)
 
 
-def _adaptive_run(shaped, draft_model, lookahead, monkeypatch):
+def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None):
     """Ten requests through four slots, with staggered lengths: batches change as requests
     finish and join, and limits fall below K near each request's end. Each request's
     latest round is taken as it is (predictiveness held at 1), so a decision depends on
@@ -325,6 +325,7 @@ def _adaptive_run(shaped, draft_model, lookahead, monkeypatch):
             max_num_batched_tokens=28,  # four decodes with K drafts each do not fit
             throughput_gate=False,
             lookahead=lookahead,
+            lookahead_reuse=reuse,
         ),
         drafter=ReplayDrafter(inner, AcceptanceTrace.load(), seed=1),
         cost_model=DepthCost(),
@@ -378,6 +379,55 @@ def test_drafting_decisions_taken_ahead_are_the_ones_taken_in_step(
     assert off.stats.lookahead_hits == 0
     # Some decisions were taken ahead, not all: batches changed and limits fell below K.
     assert 10 <= on.stats.lookahead_hits < len(on_depths)
+
+
+def test_a_changed_batch_may_take_the_depth_decided_ahead(shaped, draft_model, monkeypatch):
+    """``EngineConfig.lookahead_reuse``: when the next batch is not the same decodes (a
+    prompt chunk joined, a request left or nears its limit) but most of its decoding
+    requests were decided for, it takes that depth instead of deciding in the step (its
+    budget is still planned in the step). Replayed acceptance is not verification, so
+    outputs follow the decisions here; ``test_engine`` checks greedy output with it."""
+    ahead_log, taken, shares = {}, [], []
+    look_ahead = LLMEngine._look_ahead
+
+    def logged_ahead(self, chunks, drafts):
+        look_ahead(self, chunks, drafts)
+        if self._ahead is not None:
+            ahead_log[self._ahead[0]] = (self._ahead[1], self._ahead[2])
+
+    drafting_depth = LLMEngine._drafting_depth
+
+    def logged_depth(self, batch, limits):
+        reused, hits = self.stats.lookahead_reused, self.stats.lookahead_hits
+        ahead = self._ahead if self._ahead and self._ahead[0] == self._step_index else None
+        depth = drafting_depth(self, batch, limits)
+        if ahead is not None and self.stats.lookahead_hits == hits:  # not the same decodes
+            decoding = batch.slots[batch.decode_index]
+            share = np.isin(decoding, ahead[1]).mean() if decoding.size else 0.0
+            shares.append((share, self.stats.lookahead_reused > reused))
+        if self.stats.lookahead_reused > reused:
+            taken.append((depth, ahead_log[self._step_index][1]))
+        return depth
+
+    monkeypatch.setattr(LLMEngine, "_look_ahead", logged_ahead)
+    monkeypatch.setattr(LLMEngine, "_drafting_depth", logged_depth)
+    on, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8)
+    assert on.stats.lookahead_reused == len(taken) >= 5
+    assert all(depth == decided for depth, decided in taken)
+    assert len({decided for _, decided in taken}) > 1  # the decisions taken varied
+    # Every changed batch with a decision ahead took it exactly when 80% or more of its
+    # decoding requests were decided for (some were not: the rule was exercised).
+    assert all(used == (share >= 0.8) for share, used in shares)
+    assert any(not used for _, used in shares)
+    assert on.stats.lookahead_hits >= 10 and on.stats.lookahead_plans <= on.stats.lookahead_hits
+    exact, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch)  # without reuse
+    assert exact.stats.lookahead_reused == 0 and exact.stats.lookahead_hits >= 10
+
+
+def test_lookahead_reuse_must_be_a_share():
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="lookahead_reuse"):
+            EngineConfig(lookahead_reuse=bad)
 
 
 def test_only_requests_with_drafts_record_confidences(shaped, draft_model, monkeypatch):

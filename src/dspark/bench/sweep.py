@@ -89,6 +89,7 @@ class Measurement:
     lookahead_hits: int = 0  # adaptive: drafting decisions taken during the previous forward
     lookahead_us_per_step: float = 0.0  # look-ahead host time, used or not (during forwards)
     lookahead_plans: int = 0  # adaptive: of the hits, budgets planned ahead too
+    lookahead_reused: int = 0  # adaptive: depths decided ahead for a batch that changed
 
 
 def closed_loop(
@@ -170,6 +171,7 @@ def measure(
         gate_vetoes=stats.gate_vetoes,
         probes=stats.probes,
         lookahead_hits=stats.lookahead_hits,
+        lookahead_reused=stats.lookahead_reused,
         lookahead_plans=stats.lookahead_plans,
         lookahead_us_per_step=sum(stats.lookahead_ms) * 1e3 / max(stats.num_steps, 1),
         depth_steps=[stats.depth_steps[d] for d in range(setting.k + 1)]
@@ -371,6 +373,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "lookahead_hits",
         "lookahead_us_per_step",
         "lookahead_plans",
+        "lookahead_reused",
     ):
         row[key] = float(np.median([getattr(m, key) for m in measurements]))
     for key in ("acceptance_length", "verified_per_round"):

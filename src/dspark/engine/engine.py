@@ -76,8 +76,15 @@ class EngineConfig:
     defer_upkeep: bool = True
     # Adaptive: decide the next step's drafting depth while the device runs this step's
     # forward, for the same requests ("auto": on for CUDA, where the forward runs
-    # asynchronously; "on", "off"). Used only if the next batch is the same decodes.
+    # asynchronously; "on", "off"). Used as the next step's own decision if the next
+    # batch is the same decodes.
     lookahead: str = "auto"
+    # Adaptive, look-ahead on: a next batch that is not the same decodes (a prompt chunk
+    # joined, a request left, one nears its length limit) still takes the depth decided
+    # ahead when at least this share of its decoding requests were among those it was
+    # decided for (its budget is then planned in the step); None: decide such a step in
+    # the step, so every depth is the one the step would take itself.
+    lookahead_reuse: float | None = 0.75
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", SpecMode(self.spec))
@@ -87,6 +94,10 @@ class EngineConfig:
             raise ValueError(f"draft_vocab must be 'auto', 'on' or 'off', got {self.draft_vocab!r}")
         if self.lookahead not in ("auto", "on", "off"):
             raise ValueError(f"lookahead must be 'auto', 'on' or 'off', got {self.lookahead!r}")
+        if self.lookahead_reuse is not None and not 0.0 < self.lookahead_reuse <= 1.0:
+            raise ValueError(
+                f"lookahead_reuse must be in (0, 1] or None, got {self.lookahead_reuse!r}"
+            )
         if self.allocation not in ("auto", "host", "device"):
             raise ValueError(
                 f"allocation must be 'auto', 'host' or 'device', got {self.allocation!r}"
@@ -125,6 +136,9 @@ class EngineStats:
     # Adaptive: drafting decisions taken ahead, during the previous step's forward, and
     # used (the batch was the same decodes); the host time spent taking them, used or not.
     lookahead_hits: int = 0
+    # Adaptive: steps whose batch differed but took the depth decided ahead anyway
+    # (``EngineConfig.lookahead_reuse``).
+    lookahead_reused: int = 0
     lookahead_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     # Adaptive: of those, steps whose budget was planned ahead too (its round recorded
     # during the forward): the step itself only allocated.
@@ -232,9 +246,10 @@ class LLMEngine:
         self._priced_step: tuple[int, int, int, int] | None = None
         self._deferred: list[tuple[list, torch.Tensor]] = []  # held-back context updates
         self._flush_ms = 0.0
-        # Adaptive: (step it is for, slots, depth, probe depth, budget) decided ahead, and
-        # the (step, depth, budget) of a plan taken ahead for the step under way.
-        self._ahead: tuple[int, np.ndarray, int, int, int] | None = None
+        # Adaptive: (step it is for, slots, depth, probe depth, budget or None) decided
+        # ahead (the budget only when the next batch can be the same decodes with a full
+        # K each), and the (step, depth, budget) of a plan taken ahead for the step under way.
+        self._ahead: tuple[int, np.ndarray, int, int, int | None] | None = None
         self._planned: tuple[int, int, int] | None = None
         # Adaptive: a round whose recording waits for the forward (slots, confidences).
         self._unrecorded: tuple[np.ndarray, np.ndarray] | None = None
@@ -559,9 +574,11 @@ class LLMEngine:
         self._relax_pending()  # left by a step that failed before its forward
         num_reqs = batch.slots.shape[0]
         ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] != self._step_index:
+            ahead = None  # decided for a step that never ran (a failed one)
         if (
             ahead is not None
-            and ahead[0] == self._step_index
+            and ahead[4] is not None
             and batch.num_sampling == num_reqs == batch.decode_index.shape[0]
             and np.array_equal(ahead[1], batch.slots)
             and (limits == self.config.num_drafts).all()
@@ -570,6 +587,9 @@ class LLMEngine:
             self.stats.lookahead_hits += 1
             if depth:
                 self._planned = (self._step_index, depth, ahead[4])
+        elif ahead is not None and self._reuses(ahead[1], batch.slots[batch.decode_index]):
+            depth, self.verifier.probe_depth = ahead[2], ahead[3]
+            self.stats.lookahead_reused += 1
         else:
             num_drafts = np.zeros(num_reqs, dtype=np.int64)
             num_drafts[batch.decode_index] = limits
@@ -616,29 +636,44 @@ class LLMEngine:
         if self._unrecorded is not None:  # the round this step drafts (its plan was ahead)
             self.verifier.record(*self._unrecorded)
             self._unrecorded = None
-        if not all(c.is_decode for c in chunks):
+        k = self.config.num_drafts
+        # The next batch can be exactly these decodes, each with a full K: then the decision
+        # is that step's own, and its budget can be planned now too.
+        exact = all(c.is_decode for c in chunks) and all(
+            # This step emits up to len(extra) + 1 tokens; the next limit must stay K.
+            self._tokens_left(chunk.request) - (len(extra) + 1) - 1 >= k
+            for chunk, extra in zip(chunks, drafts, strict=True)
+        )
+        decoding = [c for c in chunks if c.is_decode]
+        if not decoding or not (exact or self.config.lookahead_reuse is not None):
             self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
             return
-        k = self.config.num_drafts
-        for chunk, extra in zip(chunks, drafts, strict=True):
-            # This step emits up to len(extra) + 1 tokens; the next limit must stay K.
-            if self._tokens_left(chunk.request) - (len(extra) + 1) - 1 < k:
-                self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
-                return
-        num_reqs = len(chunks)
-        slots = np.fromiter((c.request.slot for c in chunks), np.int64, num_reqs)
-        context = sum(c.request.num_computed for c in chunks) + num_reqs
+        num_reqs = len(decoding)
+        slots = np.fromiter((c.request.slot for c in decoding), np.int64, num_reqs)
+        context = sum(c.request.num_computed for c in decoding) + num_reqs
         ones = np.ones(num_reqs, dtype=np.int64)
         verifier = self.verifier
         depth = verifier.drafting_pays(slots, ones * k, ones, num_reqs, context)
         probe_depth = verifier.probe_depth
         # The budget of that step, should it draft that deep (the gate may still say no):
         # planned from the rounds recorded now, which its own round turns stale.
-        budget = (
-            verifier.plan(slots, ones * depth, ones, num_reqs, context, ahead=True) if depth else 0
-        )
+        budget = None
+        if exact:
+            budget = (
+                verifier.plan(slots, ones * depth, ones, num_reqs, context, ahead=True)
+                if depth
+                else 0
+            )
         self._ahead = (self._step_index + 1, slots, depth, probe_depth, budget)
         self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
+
+    def _reuses(self, ahead_slots: np.ndarray, decoding: np.ndarray) -> bool:
+        """Whether a batch whose decoding requests sit in slots ``decoding`` takes the
+        depth decided ahead for ``ahead_slots`` (``EngineConfig.lookahead_reuse``)."""
+        share = self.config.lookahead_reuse
+        if share is None or decoding.shape[0] == 0:
+            return False
+        return np.isin(decoding, ahead_slots).sum() >= share * decoding.shape[0]
 
     def _relax_pending(self) -> None:
         """``AdaptiveVerifier.relax`` the slots an undrafted step left (``_drafting_depth``).
