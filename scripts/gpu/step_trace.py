@@ -158,7 +158,8 @@ def main() -> None:
                 print(
                     f"  depth steps {dict(sorted(stats.depth_steps.items()))}, gate vetoes "
                     f"{stats.gate_vetoes}, probes {stats.probes}, lookahead hits "
-                    f"{stats.lookahead_hits} plans {stats.lookahead_plans}, schedule median "
+                    f"{stats.lookahead_hits} plans {stats.lookahead_plans} reused "
+                    f"{stats.lookahead_reused}, schedule median "
                     f"{np.median(stats.schedule_ms) * 1e3:.0f} us, lookahead median "
                     f"{np.median(stats.lookahead_ms or [0]) * 1e3:.0f} us, drafted decode "
                     f"wall p50 {np.median(walls):.2f} p90 {np.percentile(walls, 90):.2f} ms"
