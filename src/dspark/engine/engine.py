@@ -256,6 +256,7 @@ class LLMEngine:
         # Adaptive, look-ahead on: slots of an undrafted step whose ``relax`` waits for the
         # forward (``_relax_pending``), off the host's critical path.
         self._to_relax: np.ndarray | None = None
+        self._slot_marks = np.zeros(config.max_num_seqs, dtype=bool)  # scratch, by slot
         self._step_index = 0
         self.lookahead = False
         self.round_log: list[tuple[np.ndarray | None, int, int]] | None = None
@@ -673,7 +674,11 @@ class LLMEngine:
         share = self.config.lookahead_reuse
         if share is None or decoding.shape[0] == 0:
             return False
-        return np.isin(decoding, ahead_slots).sum() >= share * decoding.shape[0]
+        marks = self._slot_marks  # all False between calls (np.isin costs ~20 µs here)
+        marks[ahead_slots] = True
+        known = np.count_nonzero(marks[decoding])
+        marks[ahead_slots] = False
+        return known >= share * decoding.shape[0]
 
     def _relax_pending(self) -> None:
         """``AdaptiveVerifier.relax`` the slots an undrafted step left (``_drafting_depth``).
