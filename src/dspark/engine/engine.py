@@ -616,22 +616,24 @@ class LLMEngine:
 
     def _look_ahead(self, chunks: list[ScheduledChunk], drafts: list[list[int]]) -> None:
         """Adaptive, while the device runs this step's forward: the next step's drafting
-        depth for the same requests, decoding with a full K each (``drafting_pays`` on
-        what is recorded now), used by ``_drafting_depth`` only if the next batch is
-        exactly that. It reads rounds already recorded (this step's among them), never
-        the next step's drafts, which do not exist yet: as lossless as deciding at the
-        next step. Against that decision it lacks this step's timing (the cost model
-        learns it after the forward) and this step's accepted drafts in the context
-        count it passes (no shipped cost model reads the context). Skipped when a prompt
-        chunk is in the batch or a request could come within K drafts of its length
-        limit (its next limit would depend on what this step accepts).
+        depth for this step's decoding requests, each decoding with a full K
+        (``drafting_pays`` on what is recorded now). It reads rounds already recorded
+        (this step's among them), never the next step's drafts, which do not exist yet:
+        as lossless as deciding at the next step.
 
-        It also plans that step's budget (``AdaptiveVerifier.plan(..., ahead=True)``: from
-        the rounds recorded now, which the next round turns stale), so a step that drafts
-        as decided only allocates before its forward; its round is recorded here, at the
+        When the next batch can be exactly these decodes (no prompt chunk now, no request
+        within K drafts of its length limit, whose next limit would depend on what this
+        step accepts), ``_drafting_depth`` takes it as that step's own decision if the
+        batch is indeed that; against deciding then it lacks only this step's timing (the
+        cost model learns it after the forward) and this step's accepted drafts in the
+        context count it passes (no shipped cost model reads the context). It then also
+        plans that step's budget (``AdaptiveVerifier.plan(..., ahead=True)``: from the
+        rounds recorded now, which the next round turns stale), so a step that drafts as
+        decided only allocates before its forward; its round is recorded here, at the
         start of the next look-ahead, while its forward runs. The plan is the step's own
         exactly when the cost model learns nothing in between (``ObservedDraftCost`` learns
-        from each proposal's time: the plan ahead misses one such update)."""
+        from each proposal's time: the plan ahead misses one such update). Otherwise the
+        depth alone is kept, for a changed batch to take (``EngineConfig.lookahead_reuse``)."""
         start = time.perf_counter()
         self._relax_pending()  # this step's, should it not draft
         if self._unrecorded is not None:  # the round this step drafts (its plan was ahead)
