@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dspark.engine.graphs import PaddedStepRunner, round_up, token_sizes
+from dspark.engine.graphs import PaddedStepRunner, capture_graph, round_up, token_sizes
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from dspark.engine.request import Request
 from dspark.engine.sampling import target_probs
@@ -361,15 +361,7 @@ class ContextWriter:
     def _capture(self, size: int) -> None:
         torch.cuda.synchronize()
         started = time.perf_counter()
-        if self.num_captures == 0:  # cuBLAS handles and workspaces, on a side stream
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self._body(size)
-            torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self._body(size)
+        graph, _ = capture_graph(lambda: self._body(size), self.pool, self.num_captures == 0)
         if self.pool is None:
             self.pool = graph.pool()
         self.graphs[size] = graph

@@ -70,6 +70,25 @@ def round_up(sizes: Sequence[int], value: int) -> int | None:
     return sizes[index] if index < len(sizes) else None
 
 
+def capture_graph(
+    body: Callable[[], object], pool, warm_up: bool
+) -> tuple[torch.cuda.CUDAGraph, object]:
+    """``body()`` captured as a CUDA graph in memory ``pool`` (None: a new one); returns
+    the graph and the body's outputs (the graph's own buffers). ``warm_up`` first runs
+    the body once on a side stream, as a runner's first capture must (cuBLAS handles and
+    workspaces are created lazily, which capturing cannot do)."""
+    if warm_up:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            body()
+        torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = body()
+    return graph, outputs
+
+
 @dataclass(frozen=True)
 class StepShape:
     num_tokens: int  # T, padded
@@ -303,17 +322,10 @@ class PaddedStepRunner:
         torch.cuda.synchronize()  # the clock starts once the steps before are done
         started = time.perf_counter()
         # Capture the shape with this step's staged inputs (capturing records kernels and
-        # runs nothing), then replay it for this step's answer. The very first capture
-        # runs the body once on a side stream to initialise cuBLAS handles and workspaces.
-        if self.num_captures == 0:  # lazy initialisation (cuBLAS handles, workspaces)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self.body(*self._inputs(shape))
-            torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            outputs = self.body(*self._inputs(shape))
+        # runs nothing), then replay it for this step's answer.
+        graph, outputs = capture_graph(
+            lambda: self.body(*self._inputs(shape)), self.pool, warm_up=self.num_captures == 0
+        )
         if self.pool is None:
             self.pool = graph.pool()
         self.num_captures += 1

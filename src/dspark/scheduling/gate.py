@@ -100,8 +100,12 @@ class ThroughputGate:
         """Batch sizes share a bucket within a power of two: 1, 2-3, 4-7, ..."""
         return max(int(num_reqs), 1).bit_length()
 
+    @classmethod
+    def _key(cls, num_reqs: int, mixed: bool) -> tuple[bool, int]:
+        return bool(mixed), cls.bucket(num_reqs)
+
     def _get(self, num_reqs: int, mixed: bool) -> _Bucket:
-        key = (bool(mixed), self.bucket(num_reqs))
+        key = self._key(num_reqs, mixed)
         if key not in self._buckets:
             self._buckets[key] = _Bucket(self.window)
         return self._buckets[key]
@@ -176,5 +180,5 @@ class ThroughputGate:
 
     def rates(self, num_reqs: int, mixed: bool = False) -> tuple[float | None, float | None]:
         """(drafted, undrafted) tokens per ms measured for this batch size's bucket."""
-        state = self._buckets.get((bool(mixed), self.bucket(num_reqs)))
+        state = self._buckets.get(self._key(num_reqs, mixed))
         return (None, None) if state is None else (state.rate(DRAFTED), state.rate(UNDRAFTED))
