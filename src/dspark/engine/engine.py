@@ -676,7 +676,7 @@ class LLMEngine:
         share = self.config.lookahead_reuse
         if share is None or decoding.shape[0] == 0:
             return False
-        marks = self._slot_marks  # all False between calls (np.isin costs ~20 µs here)
+        marks = self._slot_marks  # all False between calls; cheaper than np.isin, which sorts
         marks[ahead_slots] = True
         known = np.count_nonzero(marks[decoding])
         marks[ahead_slots] = False
