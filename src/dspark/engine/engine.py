@@ -708,16 +708,30 @@ class LLMEngine:
             and planned[0] == self._step_index
             and (num_drafts == planned[1]).all()  # every request decodes, that deep
         )
+        # Only requests with drafts have confidences to record (one at its length limit, or
+        # not yet ready to draft, proposed none: no round of its own).
+        drafted = num_drafts[decode_index] > 0
         if ahead:
             # Planned during the last forward from the rounds recorded then, which this
             # round turns stale; recording it waits for this step's forward.
             budget = planned[2]
             self._unrecorded = (batch.slots, rows)
             self.stats.lookahead_plans += 1
+        elif self.lookahead:
+            # The budget reads what this round's record turns stale, so planning before
+            # recording (``plan(..., ahead=True)``) gives the same budget, and the record
+            # (its bookkeeping is most of this call's host time) moves to the look-ahead,
+            # which runs while the device computes this step's forward.
+            budget = self.verifier.plan(
+                batch.slots,
+                num_drafts,
+                batch.non_draft,
+                batch.num_sampling,
+                batch.context,
+                ahead=True,
+            )
+            self._unrecorded = (batch.slots[decode_index[drafted]], rows[drafted])
         else:
-            # Only requests with drafts have confidences to record (one at its length
-            # limit, or not yet ready to draft, proposed none: no round of its own).
-            drafted = num_drafts[decode_index] > 0
             if drafted.all():
                 self.verifier.record(batch.slots[decode_index], rows)
             elif drafted.any():
@@ -733,12 +747,13 @@ class LLMEngine:
             chosen = allocate_drafts_torch(proposal.device_confidences[:, :k], counts, budget)
             admitted = np.zeros(batch.slots.shape[0], dtype=np.int64)
             admitted[decode_index] = chosen.cpu().numpy()  # the packed batch is built here
-        elif ahead:  # the round is not recorded yet: rank its confidences directly
-            admitted = (
-                allocate_drafts(rows, num_drafts, budget)
-                if 0 < budget < num_drafts.sum()
-                else np.minimum(num_drafts, budget)  # all of them, or none
-            )
+        elif self._unrecorded is not None:  # not recorded yet: rank its confidences directly
+            if 0 < budget < num_drafts.sum():
+                # The same dropping of requests without drafts as on the device.
+                admitted = np.zeros(batch.slots.shape[0], dtype=np.int64)
+                admitted[decode_index] = allocate_drafts(rows, num_drafts[decode_index], budget)
+            else:
+                admitted = np.minimum(num_drafts, budget)  # all of them, or none
         else:
             admitted = self.verifier.allocate(batch.slots, num_drafts, budget)
         self.stats.budgets.append(budget)

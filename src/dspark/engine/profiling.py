@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 
 EAGER_CAPTURE_SIZES = [1]
 # 2: the LM head runs on every row (1 priced only the last row); 3: the drafter is also
-# timed at shallower depths (``draft_depth_samples``).
-PROFILE_FORMAT = 3
+# timed at shallower depths (``draft_depth_samples``); 4: no depth is timed first after the
+# forward (an untimed proposal runs before them, ``_dummy_step``).
+PROFILE_FORMAT = 4
 
 
 def profiled_depths(num_drafts: int) -> list[int]:
@@ -135,8 +136,9 @@ def profile_engine(
         context = min(profile_context, engine.max_model_len - int(query.max()))
         if engine.graphs is not None:  # capture the shape before timing its replays
             _dummy_step(engine, query, context, rng, depths)
-        for _ in range(PROFILE_REPLAYS):
-            forward_ms, drafter_ms = _dummy_step(engine, query, context, rng, depths)
+        for replay in range(PROFILE_REPLAYS):
+            order = depths[replay % len(depths) :] + depths[: replay % len(depths)]
+            forward_ms, drafter_ms = _dummy_step(engine, query, context, rng, order)
             full = drafter_ms.get(num_drafts, 0.0)
             samples.append(StepTiming(num_reqs, size, forward_ms, full, True))
             depth_samples += [(num_reqs, d, ms) for d, ms in drafter_ms.items() if d != num_drafts]
@@ -203,6 +205,14 @@ def _dummy_step(
                 for dummy in dummies:  # a drafter with a context cache: pretend it is full
                     if prepare is not None:
                         prepare(dummy)
+                # On a GPU the proposal timed first after a forward runs slower, whatever
+                # its depth (the 8B shape on an H200: 0.05-0.3 ms at 1-64 requests,
+                # scripts/gpu/depth_order.py), and the full block, always timed first,
+                # was priced 0.4 ms above the line through the shallower depths. So an
+                # untimed proposal goes first, and the timed order rotates per replay
+                # (profile_engine): one more position costs the heads' own time. What
+                # real steps pay around the passes the engine learns (ObservedDraftCost).
+                engine.drafter.propose(dummies, np.full(len(query), min(depths)))
                 for depth in depths:  # proposing reads the drafter's context, never moves it
                     start = engine._clock()
                     engine.drafter.propose(dummies, np.full(len(query), depth))

@@ -16,10 +16,16 @@ sums, not a median of per-step ratios, which would be biased because a drafted s
 emits a skewed, discrete number of tokens: mostly 1, sometimes many), takes the faster
 arm, and takes the other arm once every ``explore_every`` decisions so that its figure
 stays current (the undrafted arm ``UNDRAFTED_BACKOFF`` times less often when drafting
-leads clearly). "Faster" is optimistic about the arm measured less: each arm's figure is
-raised by ``confidence / sqrt(steps measured)`` of itself (an upper confidence bound),
-so an arm whose first steps were unrepresentative (first-call warm-up, a prompt chunk)
-is measured again soon, and one clearly behind is left alone.
+leads clearly). "Faster" is optimistic about the arm whose figure is less certain: each
+arm's figure is raised by ``confidence`` standard errors of that ratio over its window
+(an upper confidence bound). A drafted step emits anywhere from one token per request to
+K + 1, an undrafted one exactly one, so a drafted window can dip well below its mean by
+luck alone, and a bound that knew only how many steps were measured read such a dip as
+drafting losing and left drafting off until exploration had refilled the window (the 8B
+shape at one request on an H200, acceptance replayed: 27 of about 180 steps undrafted
+in each of two repeats, where exploration alone leaves 1-2). Drafted steps that were
+unrepresentative at first (first-call warm-up, few tokens) keep a wide bound, so
+drafting is measured again soon; an arm clearly behind is left alone.
 Steps that carry a prompt chunk next to their decodes (``mixed``) are bucketed apart from
 pure decoding steps: the chunk's compute is in their wall time whichever arm they play,
 so the two kinds' rates do not mix, yet drafting in a mixed step has a price of its own
@@ -58,7 +64,6 @@ is explored at the full rate: its figure moves with acceptance, which can recove
 class _Bucket:
     window: int
     samples: tuple[deque, deque] = field(init=False)  # (tokens, wall ms) per arm
-    measured: list[int] = field(default_factory=lambda: [0, 0])  # steps ever, per arm
     decisions: int = 0
     declined: int = 0  # steps the cost model left undrafted since the last probe
     probes_in_a_row: int = 0  # probes since the cost model last drafted on its own
@@ -71,6 +76,21 @@ class _Bucket:
         if not steps:
             return None
         return sum(tokens for tokens, _ in steps) / sum(wall for _, wall in steps)
+
+    def upper_bound(self, arm: int, confidence: float) -> float:
+        """The arm's rate plus ``confidence`` standard errors of it: the ratio of sums'
+        delta-method error, ``sqrt(Σ (tokens - rate · wall)²) / Σ wall`` over the
+        window's steps (the drafted arm with one pseudo-step more)."""
+        steps = self.samples[arm]
+        total_wall = sum(wall for _, wall in steps)
+        rate = sum(tokens for tokens, _ in steps) / total_wall
+        squares = sum((tokens - rate * wall) ** 2 for tokens, wall in steps)
+        if arm == DRAFTED:
+            # Drafted steps' token counts vary by design: a few that happen to agree do
+            # not make the figure certain. One pseudo-step as far from the rate as the
+            # rate itself stands for the spread not seen yet.
+            squares += (rate * total_wall / len(steps)) ** 2
+        return rate + confidence * squares**0.5 / total_wall
 
 
 class ThroughputGate:
@@ -124,10 +144,7 @@ class ThroughputGate:
             for arm in (DRAFTED, UNDRAFTED):
                 if len(state.samples[arm]) < self.min_steps:
                     return arm == DRAFTED
-        bound = [
-            judged.rate(arm) * (1.0 + self.confidence / judged.measured[arm] ** 0.5)
-            for arm in (DRAFTED, UNDRAFTED)
-        ]
+        bound = [judged.upper_bound(arm, self.confidence) for arm in (DRAFTED, UNDRAFTED)]
         best = DRAFTED if bound[DRAFTED] >= bound[UNDRAFTED] else UNDRAFTED
         every = self.explore_every
         if best == DRAFTED and bound[DRAFTED] >= CLEAR_LEAD * bound[UNDRAFTED]:
@@ -176,7 +193,6 @@ class ThroughputGate:
         arm = DRAFTED if drafted else UNDRAFTED
         state = self._get(num_reqs, mixed)
         state.samples[arm].append((tokens, wall_ms))
-        state.measured[arm] += 1
 
     def rates(self, num_reqs: int, mixed: bool = False) -> tuple[float | None, float | None]:
         """(drafted, undrafted) tokens per ms measured for this batch size's bucket."""

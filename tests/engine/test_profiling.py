@@ -1,0 +1,72 @@
+"""Start-up profiling: what the drafter's price by depth is made of."""
+
+import numpy as np
+
+from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.profiling import profile_engine
+from dspark.engine.speculative import Proposal
+
+
+class VirtualClock:
+    """Milliseconds that pass only when the fakes below say so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.after_forward = False
+
+
+class SlowFirstDrafter:
+    """A drafter whose proposal costs ``BASE + PER_POSITION · depth`` ms, plus ``PREMIUM``
+    when it is the first proposal after a target forward (what an H200 shows)."""
+
+    BASE, PER_POSITION, PREMIUM = 2.0, 0.5, 3.0
+    num_positions = 4
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+
+    def propose(self, requests, max_drafts) -> Proposal:
+        depth = int(np.max(max_drafts))
+        self.clock.now += self.BASE + self.PER_POSITION * depth
+        if self.clock.after_forward:
+            self.clock.now += self.PREMIUM
+            self.clock.after_forward = False
+        n = len(requests)
+        return Proposal([[1] * depth for _ in range(n)], [None] * n, np.full((n, 4), 0.5))
+
+    def on_verified(self, request, num_accepted) -> None:
+        pass
+
+    def on_finished(self, request) -> None:
+        pass
+
+
+def test_no_drafting_depth_pays_for_being_timed_first_after_the_forward(tiny):
+    clock = VirtualClock()
+    config = EngineConfig(
+        spec="fixed",
+        num_drafts=4,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        kv_cache_tokens=2048,
+    )
+    engine = LLMEngine(tiny, config, drafter=SlowFirstDrafter(clock))
+    forward = engine.forward
+
+    def timed_forward(*args, **kwargs):
+        clock.now += 7.0
+        clock.after_forward = True
+        return forward(*args, **kwargs)
+
+    engine.forward = timed_forward
+    engine._clock = lambda: clock.now
+    profile = profile_engine(engine)
+    # Depths 1 and 2 (half the block) are timed besides K = 4; the table interpolates.
+    assert sorted({d for _, d, _ in profile.draft_depth_samples}) == [1, 2]
+    table = profile.depth_costs()
+    expected = SlowFirstDrafter.BASE + SlowFirstDrafter.PER_POSITION * np.arange(5)
+    expected[0] = 0.0
+    for num_reqs in (1, 2, 4):
+        np.testing.assert_allclose(table[:, num_reqs], expected)
+    # The forward is timed alone: no proposal's time leaks into it.
+    assert {s.forward_ms for s in profile.samples} == {7.0}
