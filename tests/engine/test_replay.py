@@ -306,7 +306,7 @@ class DepthCost:
         return 0.5 + 0.2 * (7 if depth is None else depth)
 
 
-def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None):
+def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=None):
     """Ten requests through four slots, with staggered lengths: batches change as requests
     finish and join, and limits fall below K near each request's end. Each request's
     latest round is taken as it is (predictiveness held at 1), so a decision depends on
@@ -328,7 +328,7 @@ def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None):
             lookahead_reuse=reuse,
         ),
         drafter=ReplayDrafter(inner, AcceptanceTrace.load(), seed=1),
-        cost_model=DepthCost(),
+        cost_model=cost or DepthCost(),
     )
     engine.round_log = []
     requests = [
@@ -425,6 +425,28 @@ def test_a_changed_batch_may_take_the_depth_decided_ahead(shaped, draft_model, m
     assert on.stats.lookahead_hits >= 10 and on.stats.lookahead_plans <= on.stats.lookahead_hits
     exact, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch)  # without reuse
     assert exact.stats.lookahead_reused == 0 and exact.stats.lookahead_hits >= 10
+
+
+class TimedDepthCost(DepthCost):
+    """``DepthCost`` that keeps the steps it is told about and learns nothing from them."""
+
+    def __init__(self) -> None:
+        self.steps = []
+
+    def record_step(self, num_reqs, num_tokens, num_drafts, depth, wall_ms, context_tokens=0):
+        self.steps.append((num_reqs, num_tokens, num_drafts, depth))
+
+
+def test_step_timings_reach_the_cost_model_with_the_lookahead_too(shaped, draft_model, monkeypatch):
+    """With the look-ahead on, a step's timing is handed to the cost model during the next
+    step's forward, off the host's critical path: the same steps, each one step later
+    (the last one never)."""
+    off_cost, on_cost = TimedDepthCost(), TimedDepthCost()
+    _adaptive_run(shaped, draft_model, "off", monkeypatch, cost=off_cost)
+    _adaptive_run(shaped, draft_model, "on", monkeypatch, cost=on_cost)
+    assert len(off_cost.steps) > 20
+    assert len({depth for *_, depth in off_cost.steps}) > 2
+    assert on_cost.steps == off_cost.steps[:-1]
 
 
 def test_lookahead_reuse_must_be_a_share():

@@ -253,6 +253,8 @@ class LLMEngine:
         self._planned: tuple[int, int, int] | None = None
         # Adaptive: a round whose recording waits for the forward (slots, confidences).
         self._unrecorded: tuple[np.ndarray, np.ndarray] | None = None
+        # With the look-ahead: the last step's timing, for ``record_step`` in the next one.
+        self._step_timing: tuple | None = None
         # Adaptive, look-ahead on: slots of an undrafted step whose ``relax`` waits for the
         # forward (``_relax_pending``), off the host's critical path.
         self._to_relax: np.ndarray | None = None
@@ -447,7 +449,11 @@ class LLMEngine:
             record_step = getattr(self.verifier.cost_model, "record_step", None)
             if record_step is not None and not mixed:
                 admitted = sum(len(extra) for extra in drafts)
-                record_step(num_reqs, num_tokens, admitted, depth, wall_ms, context)
+                timing = (num_reqs, num_tokens, admitted, depth, wall_ms, context)
+                if self.lookahead:  # learnt while the next step's forward runs
+                    self._step_timing = timing
+                else:
+                    record_step(*timing)
         self.stats.capture_steps += self.num_captures() != captures
         return touched
 
@@ -625,7 +631,7 @@ class LLMEngine:
         within K drafts of its length limit, whose next limit would depend on what this
         step accepts), ``_drafting_depth`` takes it as that step's own decision if the
         batch is indeed that; against deciding then it lacks only this step's timing (the
-        cost model learns it after the forward) and this step's accepted drafts in the
+        cost model learns it during the next forward) and this step's accepted drafts in the
         context count it passes (no shipped cost model reads the context). It then also
         plans that step's budget (``AdaptiveVerifier.plan(..., ahead=True)``: from the
         rounds recorded now, which the next round turns stale), so a step that drafts as
@@ -635,8 +641,11 @@ class LLMEngine:
         from each proposal's time: the plan ahead misses one such update). Otherwise the
         depth alone is kept, for a changed batch to take (``EngineConfig.lookahead_reuse``)."""
         start = time.perf_counter()
+        if self._step_timing is not None:  # the last step's wall time, for the cost model
+            self.verifier.cost_model.record_step(*self._step_timing)
+            self._step_timing = None
         self._relax_pending()  # this step's, should it not draft
-        if self._unrecorded is not None:  # the round this step drafts (its plan was ahead)
+        if self._unrecorded is not None:  # the round this step drafted, recorded late
             self.verifier.record(*self._unrecorded)
             self._unrecorded = None
         k = self.config.num_drafts
@@ -713,15 +722,12 @@ class LLMEngine:
         drafted = num_drafts[decode_index] > 0
         if ahead:
             # Planned during the last forward from the rounds recorded then, which this
-            # round turns stale; recording it waits for this step's forward.
+            # round turns stale.
             budget = planned[2]
-            self._unrecorded = (batch.slots, rows)
             self.stats.lookahead_plans += 1
-        elif self.lookahead:
-            # The budget reads what this round's record turns stale, so planning before
-            # recording (``plan(..., ahead=True)``) gives the same budget, and the record
-            # (its bookkeeping is most of this call's host time) moves to the look-ahead,
-            # which runs while the device computes this step's forward.
+        else:
+            # Planned before this round is recorded, from what its record turns stale
+            # (``plan(..., ahead=True)``: the same budget as recording first).
             budget = self.verifier.plan(
                 batch.slots,
                 num_drafts,
@@ -730,32 +736,25 @@ class LLMEngine:
                 batch.context,
                 ahead=True,
             )
+        if self.lookahead:
+            # The record (its bookkeeping is most of this call's host time) waits for the
+            # look-ahead, which runs while the device computes this step's forward.
             self._unrecorded = (batch.slots[decode_index[drafted]], rows[drafted])
-        else:
-            if drafted.all():
-                self.verifier.record(batch.slots[decode_index], rows)
-            elif drafted.any():
-                self.verifier.record(batch.slots[decode_index[drafted]], rows[drafted])
-            budget = self.verifier.plan(
-                batch.slots, num_drafts, batch.non_draft, batch.num_sampling, batch.context
-            )
-        on_device = proposal.device_confidences is not None and self.allocate_on_device
-        if on_device and 0 < budget < num_drafts.sum():
-            # Only decoding requests have drafts; the others would admit nothing anyway and
-            # dropping them keeps the batch order, so ties resolve as on the host.
-            counts = torch.from_numpy(num_drafts[decode_index]).to(self.device)
-            chosen = allocate_drafts_torch(proposal.device_confidences[:, :k], counts, budget)
-            admitted = np.zeros(batch.slots.shape[0], dtype=np.int64)
-            admitted[decode_index] = chosen.cpu().numpy()  # the packed batch is built here
-        elif self._unrecorded is not None:  # not recorded yet: rank its confidences directly
-            if 0 < budget < num_drafts.sum():
-                # The same dropping of requests without drafts as on the device.
-                admitted = np.zeros(batch.slots.shape[0], dtype=np.int64)
-                admitted[decode_index] = allocate_drafts(rows, num_drafts[decode_index], budget)
-            else:
-                admitted = np.minimum(num_drafts, budget)  # all of them, or none
-        else:
-            admitted = self.verifier.allocate(batch.slots, num_drafts, budget)
+        elif drafted.any():
+            self.verifier.record(batch.slots[decode_index[drafted]], rows[drafted])
+        admitted = np.minimum(num_drafts, budget)  # all of them, or none
+        if 0 < budget < num_drafts.sum():
+            # Only decoding requests have drafts; the others would admit nothing anyway,
+            # and dropping them keeps the batch order, so ties resolve alike.
+            counts = num_drafts[decode_index]
+            if proposal.device_confidences is not None and self.allocate_on_device:
+                on_device = torch.from_numpy(counts).to(self.device)
+                chosen = allocate_drafts_torch(
+                    proposal.device_confidences[:, :k], on_device, budget
+                )
+                admitted[decode_index] = chosen.cpu().numpy()  # the packed batch is built here
+            else:  # ``AdaptiveVerifier.allocate`` on this round, before it is recorded
+                admitted[decode_index] = allocate_drafts(rows, counts, budget)
         self.stats.budgets.append(budget)
         for i in decode_index.tolist():
             drafts[i] = drafts[i][: admitted[i]]
