@@ -23,7 +23,7 @@ K + 1, an undrafted one exactly one, so a drafted window can dip well below its 
 luck alone, and a bound that knew only how many steps were measured read such a dip as
 drafting losing and left drafting off until exploration had refilled the window (the 8B
 shape at one request on an H200, acceptance replayed: 27 of about 180 steps undrafted
-in each of two repeats, where exploration alone leaves 1-2). Drafted steps that were
+per repeat, the median of two, where exploration alone leaves 1-2). Drafted steps that were
 unrepresentative at first (first-call warm-up, few tokens) keep a wide bound, so
 drafting is measured again soon; an arm clearly behind is left alone.
 Steps that carry a prompt chunk next to their decodes (``mixed``) are bucketed apart from
