@@ -192,7 +192,7 @@ def test_steps_with_a_prompt_chunk_learn_apart_and_borrow_only_while_unmeasured(
 def test_a_lucky_streak_against_drafting_does_not_switch_it_off():
     """At one request a drafted step emits 1 to 8 tokens (the published chat acceptance,
     3.5 a step on average, in 11 ms) and an undrafted one exactly 1 (in 7.3 ms): drafting
-    is 2.2x faster, yet 16 drafted steps in a row can average under 2 tokens. A bound
+    is 2.3x faster, yet 16 drafted steps in a row can average under 2 tokens. A bound
     that ignores that spread vetoed drafting for whole exploration periods (over 100 of
     these 300 steps); the standard error keeps such runs to the exploring steps (1 in
     128). Counted from step 64: three unlucky first drafted steps (1 token each, about 2%
