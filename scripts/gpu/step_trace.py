@@ -92,6 +92,36 @@ def classify(entry, adaptive):
     return f"decode d={depth}, all verified"
 
 
+def print_by_batch_size(log, adaptive):
+    """Decode steps (no capture, no prompt) per batch size: drafted and undrafted, and the
+    drafted steps right after an undrafted one (they carry the drafter's held-back
+    context updates), as steps, ms per step and tokens per step."""
+    rows = defaultdict(lambda: defaultdict(lambda: [0, 0.0, 0]))
+    previous_undrafted = False
+    for entry in log:
+        kind = classify(entry, adaptive)
+        if kind.startswith("decode"):
+            if kind == "decode, undrafted":
+                arm = "undrafted"
+            else:
+                arm = "drafted after undrafted" if previous_undrafted else "drafted"
+            row = rows[entry["num_reqs"]][arm]
+            row[0] += 1
+            row[1] += entry["wall"]
+            row[2] += entry["tokens"]
+        previous_undrafted = kind == "decode, undrafted"
+    arms = ("drafted", "drafted after undrafted", "undrafted")
+    print("  decode steps by batch size: steps, ms/step, tokens/step for " + " | ".join(arms))
+    for size in sorted(rows):
+        cells = []
+        for arm in arms:
+            steps, wall, toks = rows[size][arm]
+            cells.append(
+                f"{steps:>4} {wall / steps:6.2f} {toks / steps:6.2f}" if steps else " " * 18
+            )
+        print(f"  {size:>5}: " + " | ".join(cells))
+
+
 def main() -> None:
     concurrency = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     k = int(sys.argv[2]) if len(sys.argv) > 2 else 7
@@ -142,6 +172,7 @@ def main() -> None:
                     f"{name:>28} {steps:>6} {wall / 1e3:>8.3f} {wall / steps:>8.2f} {toks:>7} "
                     f"{toks / wall:>7.3f}"
                 )
+            print_by_batch_size(log, setting.spec == "adaptive")
             stats = engine.stats
 
             def med(values):

@@ -5,7 +5,16 @@ import numpy as np
 import pytest
 import torch
 
-from dspark.engine.graphs import PaddedStepRunner, StepShape, piece_sizes, token_sizes
+from dspark.engine.graphs import (
+    CaptureLedger,
+    PaddedStepRunner,
+    StepShape,
+    exact_shapes,
+    padding_waste,
+    piece_sizes,
+    row_padding_waste,
+    token_sizes,
+)
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from tests.conftest import make_tiny_model
 from tests.engine.test_engine import GREEDY, RandomCost, repetitive_prompts, run
@@ -66,6 +75,13 @@ def test_padded_step_matches_the_unpadded_forward(tiny, causal):
         assert shape == StepShape(64, 8, 64)  # 53 tokens -> 64; 7 pieces -> 8; 40 keys -> 64
         got = runner.run(padded_tables, num_cached, num_query, ids, causal=causal)
     assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # Replayed through a larger shape that holds it (a cover): the same hidden states.
+    wider = PaddedStepRunner(body, padded_cache, 128, 128, 128, capture=False)
+    cover = StepShape(128, 16, 128)
+    assert padding_waste(shape, cover) == 1.0  # twice the tokens: the most a cover may pad
+    with torch.inference_mode():
+        got = wider.run(padded_tables, num_cached, num_query, ids, causal=causal, shape=cover)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     rows = np.concatenate(
         [
@@ -167,3 +183,47 @@ def test_steps_gathering_too_many_keys_run_eagerly(tiny):
     assert runner.shape_for(np.full(4, 99), np.ones(4, dtype=np.int64)) is not None
     # One 200-token chunk at 40 cached: 13 pieces (16 padded) x 256 keys = 4096 rows.
     assert runner.shape_for(np.array([40]), np.array([200])) is None
+
+
+def test_padding_waste_by_hand():
+    step = StepShape(32, 4, 256)  # 1,024 key rows: below SMALL_KEY_ROWS, counted as 2,048
+    assert padding_waste(step, step) == 0.0
+    assert padding_waste(step, StepShape(48, 4, 256)) == 0.5  # 16 more tokens over 32
+    assert padding_waste(step, StepShape(32, 8, 512)) == 1.5  # 4,096 - 1,024 over 2,048
+    assert padding_waste(step, StepShape(48, 8, 256)) == 0.5  # the larger of 0.5, 0.5
+    assert padding_waste(step, StepShape(80, 4, 256)) is None  # 2.5 times the tokens
+    assert padding_waste(step, StepShape(32, 16, 512)) is None  # 7,168 more key rows: 3.5
+    assert padding_waste(step, StepShape(16, 4, 256)) is None  # does not hold it
+    assert padding_waste(step, StepShape(64, 2, 256)) is None
+    assert padding_waste(step, StepShape(64, 4, 128)) is None
+    # Small steps pad freely up to 16 tokens: one token padded to 16 wastes 15/16.
+    assert padding_waste(StepShape(1, 1, 128), StepShape(16, 1, 128)) == 15 / 16
+    assert row_padding_waste(8, 16) == 0.5  # over at least 16 rows
+    assert row_padding_waste(64, 96) == 0.5
+    assert row_padding_waste(64, 160) is None
+    assert row_padding_waste(64, 48) is None
+
+
+def test_the_ledger_replays_the_least_padded_cover_until_its_waste_adds_up():
+    ledger = CaptureLedger(row_padding_waste, budget=1.0)
+    assert ledger.choose(64, {}) == 64  # nothing captured: capture it
+    assert ledger.choose(64, {64: None, 96: None}) == 64  # captured: itself
+    captured = {128: None, 96: None, 40: None}
+    # 96 pads 64 by 0.5, 128 by 1.0: 96, then 64 (the 1.0 spent reaches the budget).
+    assert [ledger.choose(64, captured) for _ in range(2)] == [96, 64]
+    assert 64 not in ledger.spent  # the ledger forgets a shape it let be captured
+    assert ledger.choose(200, captured) == 200  # no cover holds it
+    assert ledger.choose(30, captured) == 40  # 10/30 spent ...
+    assert ledger.spent == {30: 10 / 30}
+    assert ledger.choose(30, captured) == 40
+    assert ledger.choose(30, captured) == 30  # ... the third cover would reach 1.0
+
+
+def test_exact_shapes_holds_every_runner_to_its_shape_and_restores_them(tiny):
+    cache = PagedKVCache(tiny.config, 16, 4, torch.float32)
+    runners = [PaddedStepRunner(lambda *a: None, cache, 32, 32, 32, False) for _ in range(2)]
+    runners[1].exact_shapes = True
+    with pytest.raises(RuntimeError), exact_shapes(runners):
+        assert [r.exact_shapes for r in runners] == [True, True]
+        raise RuntimeError
+    assert [r.exact_shapes for r in runners] == [False, True]

@@ -25,7 +25,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dspark.engine.graphs import PaddedStepRunner, capture_graph, round_up, token_sizes
+from dspark.engine.graphs import (
+    CaptureLedger,
+    PaddedStepRunner,
+    capture_graph,
+    round_up,
+    row_padding_waste,
+    token_sizes,
+)
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from dspark.engine.request import Request
 from dspark.engine.sampling import target_probs
@@ -317,6 +324,8 @@ class ContextWriter:
         self.index = torch.zeros(2 * max_rows, dtype=torch.int64, device=weight.device)
         self._copied: torch.cuda.Event | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.ledger = CaptureLedger(row_padding_waste)
+        self.exact_shapes = False  # see PaddedStepRunner
         self.pool = None
         self.num_captures = 0
         self.capture_seconds = 0.0
@@ -329,6 +338,8 @@ class ContextWriter:
         """``write_context`` of ``features`` at ``positions`` into cache rows ``write``."""
         num_rows = write.shape[0]
         size = round_up(self.sizes, num_rows)
+        if self.capture and not self.exact_shapes:
+            size = self.ledger.choose(size, self.graphs)
         self.num_runs += 1
         if self._copied is not None:  # the previous copy out of the staging array is done
             self._copied.synchronize()

@@ -494,6 +494,10 @@ class LLMEngine:
         )
         return [hidden, *captured]
 
+    def padded_runners(self) -> list:
+        """Every padded-step runner of this engine (target, drafter, context updates)."""
+        return list(self._runners)
+
     def num_captures(self) -> int:
         """CUDA graphs captured so far by every padded-step runner (target and drafter)."""
         return sum(runner.num_captures for runner in self._runners)

@@ -24,7 +24,12 @@ The layout that makes every step one of few shapes:
 
 The same layout runs without capture (``capture=False``; the CPU, and tests comparing it
 with the unpadded path), so what the graph computes is checked where graphs do not exist.
-Graphs are captured lazily, the first time a shape is met, into one memory pool.
+Graphs are captured lazily into one memory pool. A capture stalls every request for
+several steps (17-45 ms for SmolLM2 on an H200, against 4-7 ms a step), and a step of an
+adaptive engine meets many shapes (its token count moves with the budget), so a shape not
+captured yet replays a captured one that holds it when one pads it modestly
+(``padding_waste``), and is captured itself only once that padding has added up to what
+a capture costs (``CaptureLedger``); the first shape of its size is captured at once.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from __future__ import annotations
 import bisect
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +74,91 @@ def piece_sizes(limit: int) -> list[int]:
 def round_up(sizes: Sequence[int], value: int) -> int | None:
     index = bisect.bisect_left(sizes, value)
     return sizes[index] if index < len(sizes) else None
+
+
+SMALL_TOKENS = 16
+"""Token counts up to this pad freely: such steps are bound by weight reads and launches,
+whatever their exact count."""
+
+SMALL_KEY_ROWS = 2048
+"""Key rows (pieces x key span) up to this pad freely, for the same reason."""
+
+CAPTURE_AFTER_WASTE = 8.0
+"""A shape is captured once replaying larger ones for it has padded, in all, this many
+steps' worth (``padding_waste`` summed): about what one capture costs, several steps."""
+
+
+def padding_waste(shape: StepShape, cover: StepShape) -> float | None:
+    """What replaying ``cover`` for a step of ``shape`` pads on top, as a share of the
+    step: the larger of the extra tokens over the step's tokens and the extra key rows
+    over its key rows (at least ``SMALL_TOKENS`` and ``SMALL_KEY_ROWS``). None when
+    ``cover`` does not hold ``shape``, or pads tokens more than twice over or key rows
+    more than four times over (attention only: padding pieces and keys are masked)."""
+    if (
+        cover.num_tokens < shape.num_tokens
+        or cover.num_pieces < shape.num_pieces
+        or cover.max_len < shape.max_len
+    ):
+        return None
+    tokens = max(shape.num_tokens, SMALL_TOKENS)
+    key_rows = max(shape.num_pieces * shape.max_len, SMALL_KEY_ROWS)
+    extra_tokens = (cover.num_tokens - shape.num_tokens) / tokens
+    extra_keys = (cover.num_pieces * cover.max_len - shape.num_pieces * shape.max_len) / key_rows
+    if extra_tokens > 1.0 or extra_keys > 3.0:
+        return None
+    return max(extra_tokens, extra_keys)
+
+
+def row_padding_waste(size: int, cover: int) -> float | None:
+    """``padding_waste`` for row counts alone (the drafter's context update)."""
+    if cover < size:
+        return None
+    extra = (cover - size) / max(size, SMALL_TOKENS)
+    return extra if extra <= 1.0 else None
+
+
+@contextmanager
+def exact_shapes(runners: Sequence) -> Iterator[None]:
+    """Inside, every runner (``PaddedStepRunner``, ``ContextWriter``) runs and captures
+    each step's own shape, never a cover."""
+    previous = [runner.exact_shapes for runner in runners]
+    for runner in runners:
+        runner.exact_shapes = True
+    try:
+        yield
+    finally:
+        for runner, was in zip(runners, previous, strict=True):
+            runner.exact_shapes = was
+
+
+class CaptureLedger:
+    """Which captured shape a step replays while its own shape is not captured, and when
+    to capture that shape: the least padded cover (``waste(shape, cover)``, None where it
+    does not hold the shape), until the waste of covering it adds up to ``budget``; no
+    cover, or the budget spent, and the shape is captured now."""
+
+    def __init__(self, waste: Callable, budget: float = CAPTURE_AFTER_WASTE) -> None:
+        self.waste = waste
+        self.budget = budget
+        self.spent: dict = {}  # shape -> waste spent covering it so far
+
+    def choose(self, shape, captured) -> object:
+        """The shape to run: ``shape`` itself (captured, or to capture now) or a cover."""
+        if shape in captured:
+            return shape
+        best, best_waste = shape, None
+        for cover in captured:
+            waste = self.waste(shape, cover)
+            if waste is not None and (best_waste is None or waste < best_waste):
+                best, best_waste = cover, waste
+        if best_waste is None:
+            return shape
+        spent = self.spent.get(shape, 0.0) + best_waste
+        if spent >= self.budget:
+            self.spent.pop(shape, None)
+            return shape
+        self.spent[shape] = spent
+        return best
 
 
 def capture_graph(
@@ -147,6 +238,9 @@ class PaddedStepRunner:
         self.max_key_rows = max_key_rows
         self._copied: torch.cuda.Event | None = None  # the last staging copy
         self.graphs: OrderedDict[StepShape, tuple] = OrderedDict()
+        self.ledger = CaptureLedger(padding_waste)
+        # Exact shapes only (start-up profiling times each shape as itself).
+        self.exact_shapes = False
         self.pool = None
         self.num_captures = 0
         # Host seconds spent capturing (the device idle, waiting): start-up work in an
@@ -296,6 +390,8 @@ class PaddedStepRunner:
         shape = shape or self.shape_for(num_cached, num_query)
         if shape is None:
             raise ValueError("this step is larger than the largest captured shape")
+        if self.capture and not self.exact_shapes:
+            shape = self.ledger.choose(shape, self.graphs)
         used = self.stage(shape, tables, num_cached, num_query, ids, causal)
         self.num_runs += 1
         self.buffer[:used].copy_(self.staging[:used], non_blocking=self.capture)

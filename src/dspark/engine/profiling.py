@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from dspark.engine.graphs import exact_shapes
 from dspark.engine.kv_cache import BlockTable
 from dspark.engine.request import Request
 from dspark.engine.sampling import SamplingParams
@@ -129,19 +130,22 @@ def profile_engine(
     num_drafts = config.num_drafts if engine.drafter is not None else 0
     depths = [num_drafts, *profiled_depths(num_drafts)] if num_drafts else []
     depth_samples: list[tuple[int, int, float]] = []
-    for size in profile_sizes(capture_sizes, config.max_num_batched_tokens):
-        num_reqs = min(size, config.max_num_seqs)
-        query = np.full(num_reqs, size // num_reqs)
-        query[: size % num_reqs] += 1
-        context = min(profile_context, engine.max_model_len - int(query.max()))
-        if engine.graphs is not None:  # capture the shape before timing its replays
-            _dummy_step(engine, query, context, rng, depths)
-        for replay in range(PROFILE_REPLAYS):
-            order = depths[replay % len(depths) :] + depths[: replay % len(depths)]
-            forward_ms, drafter_ms = _dummy_step(engine, query, context, rng, order)
-            full = drafter_ms.get(num_drafts, 0.0)
-            samples.append(StepTiming(num_reqs, size, forward_ms, full, True))
-            depth_samples += [(num_reqs, d, ms) for d, ms in drafter_ms.items() if d != num_drafts]
+    with exact_shapes(engine.padded_runners()):  # each size timed as itself
+        for size in profile_sizes(capture_sizes, config.max_num_batched_tokens):
+            num_reqs = min(size, config.max_num_seqs)
+            query = np.full(num_reqs, size // num_reqs)
+            query[: size % num_reqs] += 1
+            context = min(profile_context, engine.max_model_len - int(query.max()))
+            if engine.graphs is not None:  # capture the shape before timing its replays
+                _dummy_step(engine, query, context, rng, depths)
+            for replay in range(PROFILE_REPLAYS):
+                order = depths[replay % len(depths) :] + depths[: replay % len(depths)]
+                forward_ms, drafter_ms = _dummy_step(engine, query, context, rng, order)
+                full = drafter_ms.get(num_drafts, 0.0)
+                samples.append(StepTiming(num_reqs, size, forward_ms, full, True))
+                depth_samples += [
+                    (num_reqs, d, ms) for d, ms in drafter_ms.items() if d != num_drafts
+                ]
     profile = EngineProfile(
         samples,
         config.max_num_seqs,
