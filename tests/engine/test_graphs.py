@@ -227,3 +227,14 @@ def test_exact_shapes_holds_every_runner_to_its_shape_and_restores_them(tiny):
         assert [r.exact_shapes for r in runners] == [True, True]
         raise RuntimeError
     assert [r.exact_shapes for r in runners] == [False, True]
+
+
+def test_the_ledger_looks_a_cover_up_once_per_captured_set():
+    ledger = CaptureLedger(row_padding_waste, budget=100.0)
+    captured = {128: None}
+    assert ledger.choose(64, captured) == 128
+    captured[96] = None  # captured behind the ledger's back: the cached cover stands
+    assert ledger.choose(64, captured) == 128
+    ledger.forget_covers()  # what a runner calls when it captures
+    assert ledger.choose(64, captured) == 96
+    assert ledger.spent[64] == 1.0 + 1.0 + 0.5  # waste is charged by the cover replayed

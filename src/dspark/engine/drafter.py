@@ -370,6 +370,7 @@ class ContextWriter:
         )
 
     def _capture(self, size: int) -> None:
+        self.ledger.forget_covers()
         torch.cuda.synchronize()
         started = time.perf_counter()
         graph, _ = capture_graph(lambda: self._body(size), self.pool, self.num_captures == 0)

@@ -138,30 +138,44 @@ class CaptureLedger:
     """Which captured shape a step replays while its own shape is not captured, and when
     to capture that shape: the least padded cover (``waste(shape, cover)``, None where it
     does not hold the shape), until the waste of covering it adds up to ``budget``; no
-    cover, or the budget spent, and the shape is captured now."""
+    cover, or the budget spent, and the shape is captured now. A shape's cover is looked
+    up once per captured set (the runner calls ``forget_covers`` when it captures): a
+    search over every graph costs tens of microseconds on the step's critical path."""
 
     def __init__(self, waste: Callable, budget: float = CAPTURE_AFTER_WASTE) -> None:
         self.waste = waste
         self.budget = budget
         self.spent: dict = {}  # shape -> waste spent covering it so far
+        self._covers: dict = {}  # shape -> (cover, waste), for the current captured set
 
     def choose(self, shape, captured) -> object:
         """The shape to run: ``shape`` itself (captured, or to capture now) or a cover."""
         if shape in captured:
             return shape
+        found = self._covers.get(shape)
+        if found is None:
+            found = self._covers[shape] = self._best_cover(shape, captured)
+        cover, waste = found
+        if waste is None:
+            return shape
+        spent = self.spent.get(shape, 0.0) + waste
+        if spent >= self.budget:
+            self.spent.pop(shape, None)
+            return shape
+        self.spent[shape] = spent
+        return cover
+
+    def forget_covers(self) -> None:
+        """The captured set changed: look covers up again."""
+        self._covers.clear()
+
+    def _best_cover(self, shape, captured) -> tuple[object, float | None]:
         best, best_waste = shape, None
         for cover in captured:
             waste = self.waste(shape, cover)
             if waste is not None and (best_waste is None or waste < best_waste):
                 best, best_waste = cover, waste
-        if best_waste is None:
-            return shape
-        spent = self.spent.get(shape, 0.0) + best_waste
-        if spent >= self.budget:
-            self.spent.pop(shape, None)
-            return shape
-        self.spent[shape] = spent
-        return best
+        return best, best_waste
 
 
 def capture_graph(
@@ -418,6 +432,7 @@ class PaddedStepRunner:
             return entry[1]
         if len(self.graphs) >= self.max_graphs:
             self.graphs.popitem(last=False)
+        self.ledger.forget_covers()
         torch.cuda.synchronize()  # the clock starts once the steps before are done
         started = time.perf_counter()
         # Capture the shape with this step's staged inputs (capturing records kernels and
