@@ -208,6 +208,7 @@ def test_the_ledger_replays_the_least_padded_cover_until_its_waste_adds_up():
     ledger = CaptureLedger(row_padding_waste, budget=1.0)
     assert ledger.choose(64, {}) == 64  # nothing captured: capture it
     assert ledger.choose(64, {64: None, 96: None}) == 64  # captured: itself
+    ledger.forget_covers()  # as a runner does when it captures
     captured = {128: None, 96: None, 40: None}
     # 96 pads 64 by 0.5, 128 by 1.0: 96, then 64 (the 1.0 spent reaches the budget).
     assert [ledger.choose(64, captured) for _ in range(2)] == [96, 64]
