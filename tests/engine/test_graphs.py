@@ -239,3 +239,14 @@ def test_the_ledger_looks_a_cover_up_once_per_captured_set():
     ledger.forget_covers()  # what a runner calls when it captures
     assert ledger.choose(64, captured) == 96
     assert ledger.spent[64] == 1.0 + 1.0 + 0.5  # waste is charged by the cover replayed
+
+
+def test_a_zero_padding_budget_captures_every_new_shape_at_once(tiny):
+    from dspark.engine.engine import EngineConfig, LLMEngine
+
+    assert CaptureLedger(row_padding_waste, budget=0.0).choose(64, {96: None}) == 64
+    engine = LLMEngine(tiny, EngineConfig(cuda_graphs="on", graph_padding_budget=0.0))
+    assert [r.ledger.budget for r in engine.padded_runners()] == [0.0]
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="graph_padding_budget"):
+            EngineConfig(graph_padding_budget=bad)

@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from dspark.engine.drafter import DSparkDrafter
 from dspark.engine.engine import EngineConfig, LLMEngine, drafter_rows
+from dspark.engine.graphs import CAPTURE_AFTER_WASTE
 from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
 from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import load_model, resolve_dtype, resolve_model_path
@@ -223,6 +224,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "matching shape); acceptance is REPLAYED from --trace, not computed",
     )
     parser.add_argument(
+        "--graph-padding-budget",
+        type=float,
+        default=CAPTURE_AFTER_WASTE,
+        help="CUDA graphs: steps' worth of padding a new step shape replays on a larger "
+        "captured one before it is captured itself (0: capture every new shape at once)",
+    )
+    parser.add_argument(
         "--trace",
         default=None,
         help="with --shape: acceptance trace (.npz from AcceptanceTrace.save), or "
@@ -274,6 +282,7 @@ def engine_for(
         profile_path=str(
             out / "profiles" / f"profile-{name}-c{concurrency}-k{k}-{args.device}.json"
         ),
+        graph_padding_budget=args.graph_padding_budget,
     )
     drafter = None
     if replay is not None and setting.spec != "none":

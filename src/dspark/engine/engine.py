@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dspark.engine.graphs import PaddedStepRunner
+from dspark.engine.graphs import CAPTURE_AFTER_WASTE, PaddedStepRunner
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from dspark.engine.request import FinishReason, PromptTooLongError, Request
 from dspark.engine.sampling import SamplingParams
@@ -68,6 +68,10 @@ class EngineConfig:
     # Padded steps replayed as CUDA graphs (``dspark.engine.graphs``): "auto" (on for
     # CUDA), "on" (on CPU: the same padded layout, run eagerly) or "off" (eager, unpadded).
     cuda_graphs: str = "auto"
+    # CUDA graphs: a shape not captured yet replays a captured one that holds it until the
+    # padding adds up to this many steps' worth, then is captured (``CaptureLedger``);
+    # 0: capture every new shape the first time it is met.
+    graph_padding_budget: float = CAPTURE_AFTER_WASTE
     # Adaptive: also decide whether to draft at all from measured tokens per ms of
     # drafted and undrafted steps (``dspark.scheduling.gate``), on top of the cost model.
     throughput_gate: bool = True
@@ -97,6 +101,11 @@ class EngineConfig:
         if self.lookahead_reuse is not None and not 0.0 < self.lookahead_reuse <= 1.0:
             raise ValueError(
                 f"lookahead_reuse must be in (0, 1] or None, got {self.lookahead_reuse!r}"
+            )
+        if not self.graph_padding_budget >= 0.0:
+            raise ValueError(
+                "graph_padding_budget must be a number of steps >= 0 (0: capture every new "
+                f"shape at once), got {self.graph_padding_budget!r}"
             )
         if self.allocation not in ("auto", "host", "device"):
             raise ValueError(
@@ -288,6 +297,8 @@ class LLMEngine:
             getattr(inner, "context_graphs", None),
         )
         self._runners = [runner for runner in runners if runner is not None]
+        for runner in self._runners:
+            runner.ledger.budget = config.graph_padding_budget
         self.allocate_on_device = config.allocation == "device"
         if config.spec is SpecMode.ADAPTIVE:
             if cost_model is None:
