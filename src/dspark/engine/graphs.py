@@ -29,7 +29,8 @@ several steps (17-45 ms for SmolLM2 on an H200, against 4-7 ms a step), and a st
 adaptive engine meets many shapes (its token count moves with the budget), so a shape not
 captured yet replays a captured one that holds it when one pads it modestly
 (``padding_waste``), and is captured itself only once that padding has added up to what
-a capture costs (``CaptureLedger``); the first shape of its size is captured at once.
+a capture costs (``CaptureLedger``); a shape that no captured graph holds is captured at
+once.
 """
 
 from __future__ import annotations
