@@ -751,12 +751,14 @@ class LLMEngine:
                 batch.context,
                 ahead=True,
             )
-        if self.lookahead:
-            # The record (its bookkeeping is most of this call's host time) waits for the
-            # look-ahead, which runs while the device computes this step's forward.
-            self._unrecorded = (batch.slots[decode_index[drafted]], rows[drafted])
-        elif drafted.any():
-            self.verifier.record(batch.slots[decode_index[drafted]], rows[drafted])
+        if drafted.any():
+            round_ = (batch.slots[decode_index[drafted]], rows[drafted])
+            if self.lookahead:
+                # The record (its bookkeeping is most of this call's host time) waits for
+                # the look-ahead, which runs while the device computes this step's forward.
+                self._unrecorded = round_
+            else:
+                self.verifier.record(*round_)
         admitted = np.minimum(num_drafts, budget)  # all of them, or none
         if 0 < budget < num_drafts.sum():
             # Only decoding requests have drafts; the others would admit nothing anyway,
