@@ -373,12 +373,72 @@ def test_a_small_batch_drafts_from_the_population_when_rounds_do_not_predict_eac
     # (1 + 0.1 + 0.01) / 14.3 = 0.078 < 0.099.
     persistent = [poor] * 80
     assert _recorded_verifier(persistent, decay=0.99).drafting_pays(*args) == 0
-    # The budget keeps the seed's stale confidences, unshrunk: with verifying at 3 ms a
-    # token, slot 0's poor stale round [0.1, 0.01] admits nothing (1 / 17 = 0.059 beats
-    # 1.1 / 20 = 0.055), where the population's ~0.5 would have admitted one.
+    # The budget of a lone request is planned from its predicted survival too: with
+    # verifying at 3 ms a token, slot 0's poor stale round [0.1, 0.01] taken as is (the
+    # seed) admits nothing (1 / 17 = 0.059 beats 1.1 / 20 = 0.055), where its prediction,
+    # near the population's ~0.5 / 0.45, admits both drafts (about 1.95 / 23 = 0.085).
     from dspark.scheduling import CostTables, choose_draft_budget
 
+    population, weight = verifier.population_survival, verifier.predictiveness
     verifier.record(np.array([0, 1]), poor)  # the poor round becomes the stale one
     verifier.cost_model = CostTables(draft_ms=np.full(3, 4.0), verify_ms=10 + 3 * np.arange(20.0))
     assert choose_draft_budget(poor[:1], [2], [1], 1, verifier.cost_model, 16) == 0
-    assert verifier.plan(*args) == 0
+    predicted = population + weight * (np.array([0.1, 0.01]) - population)
+    assert 0.4 < predicted[0] < 0.6 and 0.35 < predicted[1] < 0.55
+    assert verifier.plan(*args) == 2
+    assert verifier.plan(*args) == _brute_force_budget(predicted[None], 1, verifier.cost_model)
+    # Fully predictive rounds keep the seed's budget.
+    persistent = _recorded_verifier([poor] * 81, decay=0.99)
+    persistent.cost_model = verifier.cost_model
+    assert persistent.predictiveness == pytest.approx(1.0)
+    assert persistent.plan(*args) == 0
+
+
+def _brute_force_budget(survival_rows, num_sampling, tables):
+    """Every budget b priced: (num_sampling + top-b survival) / cost; the smallest best."""
+    scores = np.sort(survival_rows.ravel())[::-1]
+    n = survival_rows.shape[0]
+    costs = tables.step_costs_ms(n, n, scores.shape[0])
+    ratios = [(num_sampling + scores[:b].sum()) / costs[b] for b in range(scores.shape[0] + 1)]
+    return int(np.argmax(ratios))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_plan_keeps_the_batch_spread_and_shrinks_its_mean(data):
+    """Oracle: the stale survival rows minus (1 - predictiveness) x (their per-position
+    mean over the batch - the population's), clipped to [0, 1], every budget priced; rows
+    of requests with no round yet (all 1.0) unshifted and out of the mean. The same
+    budget planned ahead, before the round is recorded."""
+    from dspark.scheduling import CostTables
+
+    k, num_slots = 3, 8
+    tables = CostTables(draft_ms=np.full(num_slots + 1, 2.0), verify_ms=8.0 + 0.4 * np.arange(64.0))
+    verifier = AdaptiveVerifier(num_slots, k, tables, max_total_logits=64)
+    for slot in range(num_slots):
+        verifier.add_request(slot)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    everyone = np.arange(num_slots)
+    for _ in range(data.draw(st.integers(12, 30))):  # independent rounds: predictiveness < 1
+        verifier.record(everyone, rng.uniform(0.05, 1.0, (num_slots, k)))
+    fresh_slot = data.draw(st.booleans())
+    if fresh_slot:  # a request with no round yet sits in the batch
+        verifier.remove_request(0)
+        verifier.add_request(0)
+    slots = np.array(data.draw(st.lists(st.integers(0, num_slots - 1), min_size=1, unique=True)))
+    n = len(slots)
+    drafts = np.full(n, k)
+    args = (slots, drafts, np.ones(n, dtype=np.int64), n)
+    population, weight = verifier.population_survival, verifier.predictiveness
+    assert weight < 1.0
+    ahead = verifier.plan(*args, ahead=True)
+    stale = verifier._fresh[slots].copy()  # what the next record turns stale
+    verifier.record(slots, rng.uniform(0.05, 1.0, (n, k)))
+    budget = verifier.plan(*args)
+    assert budget == ahead
+    prior = (stale == 1.0).all(axis=1)
+    rows = stale.copy()
+    if (~prior).any():
+        shift = (1 - weight) * (stale[~prior].mean(axis=0) - population)
+        rows[~prior] = np.clip(stale[~prior] - shift, 0.0, 1.0)
+    assert budget == _brute_force_budget(rows, n, tables)
