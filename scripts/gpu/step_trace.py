@@ -124,6 +124,23 @@ def print_by_batch_size(log, adaptive):
         print(f"  {size:>5}: " + " | ".join(cells))
 
 
+def print_prices(verifier, num_reqs) -> None:
+    """What the scheduler believes at the end of the run, for a full batch of decodes:
+    the step's cost with b drafts, the drafter's price by depth (0: what an undrafted
+    step adds), the population's survival and how well rounds predict each other."""
+    model = verifier.cost_model
+    costs = model.step_costs_ms(num_reqs, num_reqs, num_reqs * verifier.num_positions)
+    picks = sorted({0, 1, 2, 4, num_reqs // 2, num_reqs, 2 * num_reqs, len(costs) - 1})
+    print("  step cost by budget b (ms):", {b: round(float(costs[b]), 2) for b in picks})
+    by_depth = getattr(model, "draft_costs_by_depth", None)
+    if by_depth is not None:
+        print("  drafter price by depth (ms):", np.round(by_depth(num_reqs, 7), 2).tolist())
+    print(
+        f"  population survival {np.round(verifier.population_survival, 3).tolist()}, "
+        f"predictiveness {verifier.predictiveness:.3f}"
+    )
+
+
 def main() -> None:
     concurrency = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     k = int(sys.argv[2]) if len(sys.argv) > 2 else 7
@@ -206,6 +223,7 @@ def main() -> None:
                 budgets = [e["budget"] for e in log if e["budget"] is not None]
                 if budgets:
                     print(f"  budgets: mean {np.mean(budgets):.1f}, first 40 {budgets[:40]}")
+                print_prices(engine.verifier, concurrency)
             else:
                 walls = [e["wall"] for e in log if classify(e, False) == "decode"]
                 if walls:
