@@ -215,3 +215,50 @@ def test_a_lucky_streak_against_drafting_does_not_switch_it_off():
                 vetoes += step >= 64
         worst.append(vetoes)
     assert max(worst) <= 3
+
+
+def test_drafting_that_measures_clearly_faster_overrules_the_cost_model():
+    gate = ThroughputGate(explore_every=8, window=4, min_steps=2)
+    for tokens in (30, 34, 26, 30):  # drafted: 3 tokens/ms, a little spread
+        gate.record(2, True, tokens, 10.0)
+    for _ in range(4):
+        gate.record(2, False, 10, 10.0)  # undrafted: 1 token/ms
+    # By hand: drafted rate 120 / 40 = 3.0; squared deviations 0 + 16 + 16 + 0, plus the
+    # pseudo-step (3.0 x 40 / 4)^2 = 900: error sqrt(932) / 40 = 0.76, lower bound 2.24,
+    # above the undrafted 1.0 (no spread: error 0).
+    rate, error = gate._get(2, False).rate_and_error(0)
+    assert rate == 3.0
+    assert error == pytest.approx(932**0.5 / 40)
+    # Every declined step is drafted, but one in 8 (the undrafted figure stays current).
+    choices = [gate.should_probe(2) for _ in range(16)]
+    assert choices == [True] * 7 + [False] + [True] * 7 + [False]
+    # A neighbouring bucket with nothing measured follows it.
+    assert gate.should_probe(3)
+
+
+def test_an_overruling_lead_fades_when_drafting_the_declined_steps_does_not_pay():
+    gate = ThroughputGate(explore_every=32, window=8, min_steps=2)
+    for _ in range(8):
+        gate.record(1, True, 40, 10.0)  # drafted when confidences looked good: 4 tok/ms
+        gate.record(1, False, 10, 10.0)  # 1 token/ms
+    choices = []
+    for _ in range(40):
+        choices.append(gate.should_probe(1))
+        if choices[-1]:
+            gate.record(1, True, 5, 10.0)  # the declined steps, drafted: 0.5 tokens/ms
+        else:
+            gate.record(1, False, 10, 10.0)
+    # By hand: with j of the 8 drafted samples at 0.5 tokens/ms the lower bound is 3.0,
+    # 2.5, 2.0, 1.6, 1.2, then 0.8 at j = 6, under the undrafted 1.0: six overruled
+    # steps, then the cost model's declines stand, but for the first backed-off probe
+    # (the 32nd declined step).
+    assert choices == [True] * 6 + [False] * 31 + [True] + [False] * 2
+
+
+def test_close_rates_do_not_overrule_the_cost_model():
+    gate = ThroughputGate(explore_every=4, window=8, min_steps=2)
+    for tokens in (8, 16, 10, 14):  # drafted 1.2 tokens/ms with spread
+        gate.record(1, True, tokens, 10.0)
+        gate.record(1, False, 10, 10.0)  # undrafted 1.0
+    # Only the probes' backed-off schedule: 4 declined steps, then 8.
+    assert [gate.should_probe(1) for _ in range(12)] == [False] * 3 + [True] + [False] * 7 + [True]
