@@ -389,17 +389,20 @@ def _shrink_batch_level(rows: np.ndarray, population: np.ndarray, weight: float)
     """In place, ``[n, K]`` survival rows: move their mean over the batch (per position)
     ``1 - weight`` of the way to ``population``, keeping each row's deviation from that
     mean, clipped to [0, 1]. Rows of the seed's prior (a request with no round recorded:
-    every survival 1.0) stay as they are and count in no mean."""
-    is_prior = np.logical_and.reduce(rows == 1.0, axis=1)
-    measured = rows[~is_prior] if is_prior.any() else rows
-    if measured.shape[0] == 0:
+    every survival 1.0, which for a non-increasing row means its last one is) stay as
+    they are and count in no mean."""
+    is_prior = rows[:, -1] == 1.0
+    num_prior = int(np.count_nonzero(is_prior))
+    if num_prior == rows.shape[0]:
         return
-    shift = np.add.reduce(measured, axis=0)
-    shift /= measured.shape[0]
+    measured = rows[~is_prior] if num_prior else rows
+    num_measured = measured.shape[0]
+    shift = np.ones(num_measured) @ measured  # per-position sums (a matrix-vector product:
+    shift /= num_measured  # several times faster than a reduction along the long axis)
     shift -= population
     shift *= 1.0 - weight
-    if is_prior.any():
-        rows[~is_prior] = np.clip(measured - shift, 0.0, 1.0)
-    else:
-        rows -= shift
-        np.clip(rows, 0.0, 1.0, out=rows)
+    measured -= shift
+    np.maximum(measured, 0.0, out=measured)
+    np.minimum(measured, 1.0, out=measured)
+    if num_prior:
+        rows[~is_prior] = measured
