@@ -46,7 +46,7 @@ stands for the spread of this round's fresh ones, which the allocation ranks: it
 as the seed keeps it. Their mean over the batch is one more round of the batch's level,
 which predicts the coming round's level only as far as rounds predict each other: it is
 shrunk towards the population's by ``predictiveness``, like ``drafting_pays``' rows
-(``_planning_rows``). At one request there is no spread, so the budget is planned from the
+(``_shrink_batch_level``). At one request there is no spread, so the budget is planned from the
 request's predicted survival; at hundreds the batch mean sits near the population's and
 the plan is the seed's. Without it, a lone request whose last round happened to look poor
 had its drafts cut after the drafter had already run them (the 8B shape at one request,
