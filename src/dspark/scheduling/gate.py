@@ -151,7 +151,7 @@ class ThroughputGate:
         # A bucket not yet measured on both arms follows its nearest measured neighbour
         # (a batch that shrank or grew into it); with none, both arms are measured first,
         # drafting first.
-        judged = state if self._is_measured(state) else self._nearest_measured(num_reqs, mixed)
+        judged = self._judged(state, num_reqs, mixed)
         if judged is None:
             for arm in (DRAFTED, UNDRAFTED):
                 if len(state.samples[arm]) < self.min_steps:
@@ -164,6 +164,11 @@ class ThroughputGate:
         if state.decisions % every == 0:
             best = 1 - best  # keep the other arm's figure current
         return best == DRAFTED
+
+    def _judged(self, state: _Bucket, num_reqs: int, mixed: bool) -> _Bucket | None:
+        """The bucket whose figures decide for ``state``: itself once measured on both
+        arms, else its nearest measured neighbour (None: nothing measured anywhere)."""
+        return state if self._is_measured(state) else self._nearest_measured(num_reqs, mixed)
 
     def _is_measured(self, state: _Bucket) -> bool:
         return all(len(state.samples[arm]) >= self.min_steps for arm in (DRAFTED, UNDRAFTED))
@@ -198,7 +203,7 @@ class ThroughputGate:
         doubles the wait for the next (up to 4x), and a step the cost model drafts on
         its own resets it."""
         state = self._get(num_reqs, mixed)
-        judged = state if self._is_measured(state) else self._nearest_measured(num_reqs, mixed)
+        judged = self._judged(state, num_reqs, mixed)
         if judged is not None and judged.lower_bound(DRAFTED, self.confidence) > (
             judged.upper_bound(UNDRAFTED, self.confidence)
         ):
