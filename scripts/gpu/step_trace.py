@@ -49,7 +49,10 @@ def traced(engine, log):
 
     def schedule_logged(*args, **kwargs):
         chunks = schedule(*args, **kwargs)
-        scheduled.append([c.is_decode for c in chunks])  # before the step computes them
+        # Before the step computes them: which chunks decode, and the prompt tokens.
+        scheduled.append(
+            ([c.is_decode for c in chunks], sum(c.num_tokens for c in chunks if not c.is_decode))
+        )
         return chunks
 
     def wrapped():
@@ -60,7 +63,7 @@ def traced(engine, log):
         start = time.perf_counter()
         out = step()
         wall = (time.perf_counter() - start) * 1e3
-        chunks = scheduled[0] if scheduled else []
+        chunks, prompt_tokens = scheduled[0] if scheduled else ([], 0)
         log.append(
             {
                 "wall": wall,
@@ -68,6 +71,7 @@ def traced(engine, log):
                 "capture": engine.num_captures() > captures,
                 "decode": bool(chunks) and all(chunks),
                 "num_reqs": len(chunks),
+                "prompt_tokens": prompt_tokens,
                 "undrafted": stats.depth_steps[0] > undrafted,
                 "budget": stats.budgets[-1] if len(stats.budgets) > budgets else None,
                 "depth": (engine._priced_step or (0, 0, None, 0))[2],
@@ -83,6 +87,8 @@ def classify(entry, adaptive):
     if entry["capture"]:
         return "graph captured"
     if not entry["decode"]:
+        if adaptive and entry["depth"] and not entry["undrafted"]:
+            return "prompt in batch, drafted"
         return "prompt in batch"
     if not adaptive:
         return "decode"
@@ -192,6 +198,15 @@ def main() -> None:
                     f"{toks / wall:>7.3f}"
                 )
             print_by_batch_size(log, setting.spec == "adaptive")
+            prompt_steps = [e for e in log if not e["decode"] and not e["capture"]]
+            print(
+                f"  steps with a prompt chunk: {sum(e['prompt_tokens'] for e in prompt_steps)} "
+                "prompt tokens; (prompt tokens, requests, depth, ms, tokens emitted):",
+                [
+                    (e["prompt_tokens"], e["num_reqs"], e["depth"], round(e["wall"]), e["tokens"])
+                    for e in prompt_steps
+                ],
+            )
             stats = engine.stats
 
             def med(values):

@@ -234,6 +234,12 @@ def test_drafting_that_measures_clearly_faster_overrules_the_cost_model():
     assert choices == [True] * 7 + [False] + [True] * 7 + [False]
     # A neighbouring bucket with nothing measured follows it.
     assert gate.should_probe(3)
+    # Steps with a prompt chunk are not overruled, by their own lead nor a neighbour's:
+    # only the probes' schedule (the first after 8 declined steps).
+    for tokens in (30, 34, 26, 30):
+        gate.record(2, True, tokens, 10.0, mixed=True)
+        gate.record(2, False, 10, 10.0, mixed=True)
+    assert [gate.should_probe(2, mixed=True) for _ in range(8)] == [False] * 7 + [True]
 
 
 def test_an_overruling_lead_fades_when_drafting_the_declined_steps_does_not_pay():

@@ -442,3 +442,65 @@ def test_the_plan_keeps_the_batch_spread_and_shrinks_its_mean(data):
         shift = (1 - weight) * (stale[~prior].mean(axis=0) - population)
         rows[~prior] = np.clip(stale[~prior] - shift, 0.0, 1.0)
     assert budget == _brute_force_budget(rows, n, tables)
+
+
+def _chunk_verifier(confidence, k=1, num_slots=2):
+    """Slot 0 recorded once at ``confidence``; a 2 ms drafter and verify costs 10 + t ms."""
+    from dspark.scheduling import CostTables
+
+    tables = CostTables(draft_ms=np.full(num_slots + 1, 2.0), verify_ms=10.0 + np.arange(64.0))
+    verifier = AdaptiveVerifier(num_slots, k, tables, max_total_logits=64)
+    for slot in range(num_slots):
+        verifier.add_request(slot)
+    verifier.record(np.array([0]), np.full((1, k), confidence))
+    return verifier
+
+
+def test_a_step_with_a_prompt_chunk_prices_drafts_against_decoding_alone():
+    """Slot 0 decodes with one draft beside slot 1's 20-token prompt chunk (samples
+    nothing). Priced with the chunk in, drafting pays once (1 + s) / (2 + 32) beats
+    1 / 31, i.e. s > 0.097. Against decoding alone, the chunk's 20 tokens are paid
+    whatever is drafted: (1 + s) / (2 + 12 + 1) must beat 1 / 12, i.e. s > 0.25."""
+    args = (np.array([0, 1]), np.array([1, 0]), np.array([1, 20]), 1)
+    assert _chunk_verifier(0.2).drafting_pays(*args) == 0  # 1.2 / 15 = 0.080 < 0.0833
+    assert _chunk_verifier(0.3).drafting_pays(*args) == 1  # 1.3 / 15 = 0.0867
+    # The same request decoding alone: the same decisions (the chunk changes nothing).
+    alone = (np.array([0, 1]), np.array([1, 0]), np.array([1, 1]), 1)
+    assert _chunk_verifier(0.2).drafting_pays(*alone) == 0
+    assert _chunk_verifier(0.3).drafting_pays(*alone) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_plan_of_a_step_with_a_prompt_chunk_by_brute_force(data):
+    """Oracle: every budget b priced at the drafter plus the decodes alone plus what b
+    drafts add after the chunk's tokens, V(n) + V(T + b) - V(T), on a verify curve with
+    steps (costs are multiples of 1/4: exact in floating point)."""
+    from dspark.scheduling import CostTables
+
+    k, n = 3, 6
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    # Flat stretches and jumps of up to 12/4 ms a token (a graph-padded curve's steps).
+    verify = 4.0 + np.cumsum(rng.integers(0, 13, 400) * (rng.random(400) < 0.5)) / 4.0
+    tables = CostTables(draft_ms=np.full(n + 1, 2.0), verify_ms=verify)
+    verifier = AdaptiveVerifier(n, k, tables, max_total_logits=64)
+    slots = np.arange(n)
+    for slot in slots:
+        verifier.add_request(slot)
+    for _ in range(2):  # two rounds: the first one becomes stale; predictiveness still 1
+        verifier.record(slots, rng.uniform(0.05, 1.0, (n, k)))
+    chunk = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    non_draft = np.where(
+        chunk, np.array(data.draw(st.lists(st.integers(2, 60), min_size=n, max_size=n))), 1
+    )
+    drafts = np.where(chunk, 0, k)
+    num_sampling = data.draw(st.integers(int((~chunk).sum()), n))
+    budget = verifier.plan(slots, drafts, non_draft, num_sampling)
+    rows = verifier._stale[slots] * (drafts[:, None] > np.arange(k))
+    scores = np.sort(rows.ravel())[::-1][: int(drafts.sum())]
+    total = int(non_draft.sum())
+    ratios = [
+        (num_sampling + scores[:b].sum()) / (2.0 + verify[n] + verify[total + b] - verify[total])
+        for b in range(scores.shape[0] + 1)
+    ]
+    assert budget == int(np.argmax(ratios))

@@ -35,9 +35,9 @@ A bucket not yet measured on both arms follows its nearest measured neighbour of
 same kind (a batch shrinking as its requests finish crosses several buckets in a few
 steps), else the nearest of the other kind. Where the cost
 model declines drafting, the gate is asked ``should_probe`` instead: where drafted steps
-measure clearly faster it has the step drafted (measurement overrules the cost model
-either way), and otherwise now and then, so that a cost model that priced drafting out
-on a few bad steps measures it again.
+without a prompt chunk measure clearly faster it has the step drafted (measurement
+overrules the cost model either way), and otherwise now and then, so that a cost model
+that priced drafting out on a few bad steps measures it again.
 The decisions read past steps' timings and token counts only, never the drafts of the
 step they decide, so sampling stays lossless (see ``AdaptiveVerifier``).
 """
@@ -195,7 +195,12 @@ class ThroughputGate:
         (drafted when their confidences looked good) fades within a window if drafting
         the rest does not pay. (SmolLM2 at one request on an H200: the cost model
         declined 192 and 388 of about 330-420 steps whose drafted steps measured 0.34-0.40
-        tokens/ms against 0.26-0.27 undrafted.)
+        tokens/ms against 0.26-0.27 undrafted.) Steps with a prompt chunk are never
+        overruled: their rates mix in the chunk's cost, which varies from step to step
+        (SmolLM2 on the 2-core CPU at 16 requests: drafted ones carried chunks of 22-105
+        tokens and measured 0.055 tokens/ms, undrafted ones chunks of 158-464 and 0.024),
+        so a lead there says more about the chunks than about drafting; the cost model
+        prices their drafts at the margin (``AdaptiveVerifier``) and stands.
 
         Otherwise, probes: a price learnt from a few bad drafted steps is otherwise never
         measured again, and drafting, once priced out, would stay out for good. The
@@ -203,7 +208,7 @@ class ThroughputGate:
         doubles the wait for the next (up to 4x), and a step the cost model drafts on
         its own resets it."""
         state = self._get(num_reqs, mixed)
-        judged = self._judged(state, num_reqs, mixed)
+        judged = None if mixed else self._judged(state, num_reqs, mixed)
         if judged is not None and judged.lower_bound(DRAFTED, self.confidence) > (
             judged.upper_bound(UNDRAFTED, self.confidence)
         ):

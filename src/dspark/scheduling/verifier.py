@@ -52,6 +52,17 @@ the plan is the seed's. Without it, a lone request whose last round happened to 
 had its drafts cut after the drafter had already run them (the 8B shape at one request,
 independent replayed rounds: a budget of 3 or 1 in one step of six, each emitting about
 one token fewer than a full verify, for a step only 3% cheaper).
+
+A step that carries a prompt chunk besides its decodes is priced as if the chunk were not
+there: the drafts' cost is their marginal one (the target's cost of the chunk's tokens
+*plus* the drafts, less that of the chunk's tokens alone, and the drafter), set against
+a step of the same requests' decodes alone. The chunk's tokens are computed whichever way
+the step drafts, and the drafts' tokens save decoding steps, not prompt work, so they pay
+when they come faster than decoding alone brings them. Priced with the chunk in, as the
+seed prices every step, the step's own rate is held down by the chunk's cost, and drafts
+that come slower than decoding alone still raise it (SmolLM2 on the 2-core CPU at 16
+requests: 14 of 16 steps with a prompt chunk drafted, at 0.050 tokens/ms against 0.087
+for undrafted decoding steps). Steps of decodes alone are priced as the seed prices them.
 """
 
 from __future__ import annotations
@@ -228,7 +239,9 @@ class AdaptiveVerifier:
         spread over the batch as recorded, their batch mean shrunk towards the population's
         by ``predictiveness`` (as it stood before the latest record; with 1.0, as until
         ``PREDICTIVENESS_MIN_PAIRS`` pairs are seen, exactly ``choose_draft_budget`` on
-        the stale confidences).
+        the stale confidences). A step with a prompt chunk prices its drafts at their
+        marginal cost against its decodes alone (module doc), where the seed's budget
+        prices the whole step.
 
         ``ahead``: the budget of the slots' *next* round, planned before it is recorded,
         from the latest recorded confidences: exactly those that ``record`` of the next
@@ -345,6 +358,12 @@ class AdaptiveVerifier:
             survival *= drafts.counts[:, None] > np.arange(k)
             depth = int(np.maximum.reduce(drafts.counts))
         costs = self.cost_model.step_costs_ms(num_reqs, num_tokens, cap, context_tokens)
+        if num_tokens > num_reqs:
+            # A prompt chunk shares the step: its tokens are computed whatever is drafted,
+            # so drafts are priced at their marginal cost (after the chunk's tokens) over
+            # the step of these requests' decodes alone (module doc).
+            alone = self.cost_model.step_costs_ms(num_reqs, num_reqs, 0, context_tokens)
+            costs = costs - (costs[0] - alone[0])
         drafter_ms = None
         draft_cost = getattr(self.cost_model, "draft_cost_ms", None)
         if draft_cost is not None:
