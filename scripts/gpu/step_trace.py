@@ -12,10 +12,14 @@ in tok/s can be traced to the steps that make it.
 ``MODEL=path.gguf`` runs that model with its shipped drafter instead (acceptance computed,
 the trace argument ignored); ``SETTINGS=none,fixed,adaptive`` picks the settings (default
 fixed,adaptive; at K, or ``fixed:3`` for another K); ``FULL_WARMUP=1`` warms up on as
-many requests and tokens as are measured (``dspark bench --full-warmup``).
+many requests and tokens as are measured (``dspark bench --full-warmup``); ``PROFILE=1``
+prints each setting's host hotspots (cProfile, first repeat; its overhead slows that
+repeat, so read its table for shares, not its tok/s).
 """
 
+import cProfile
 import os
+import pstats
 import sys
 import time
 from collections import defaultdict
@@ -177,7 +181,15 @@ def main() -> None:
             engine.stats.__init__()
             log = []
             traced(engine, log)
+            profiler = None
+            if os.environ.get("PROFILE") and repeat == 0:  # host hotspots, first repeat
+                profiler = cProfile.Profile()
+                profiler.enable()
             finished, seconds = closed_loop(engine, prompts[num_warm:], params, concurrency)
+            if profiler is not None:
+                profiler.disable()
+                print(f"\n--- cProfile, {setting.label}: top functions by own time ---")
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(22)
             tokens = sum(len(r.output_ids) for r in finished)
             by_class = defaultdict(lambda: [0, 0.0, 0])
             for entry in log:

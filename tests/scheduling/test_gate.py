@@ -224,11 +224,16 @@ def test_drafting_that_measures_clearly_faster_overrules_the_cost_model():
     for _ in range(4):
         gate.record(2, False, 10, 10.0)  # undrafted: 1 token/ms
     # By hand: drafted rate 120 / 40 = 3.0; squared deviations 0 + 16 + 16 + 0, plus the
-    # pseudo-step (3.0 x 40 / 4)^2 = 900: error sqrt(932) / 40 = 0.76, lower bound 2.24,
-    # above the undrafted 1.0 (no spread: error 0).
+    # pseudo-step (3.0 x 40 / 4)^2 = 900 over the bucket's smallest batch, 2: error
+    # sqrt(482) / 40 = 0.55, lower bound 2.45, above the undrafted 1.0 (no spread: 0).
     rate, error = gate._get(2, False).rate_and_error(0)
     assert rate == 3.0
-    assert error == pytest.approx(932**0.5 / 40)
+    assert error == pytest.approx(482**0.5 / 40)
+    # The same steps at one request: the pseudo-step counts in full, sqrt(932) / 40.
+    single = ThroughputGate(explore_every=8, window=4, min_steps=2)
+    for tokens in (30, 34, 26, 30):
+        single.record(1, True, tokens, 10.0)
+    assert single._get(1, False).rate_and_error(0)[1] == pytest.approx(932**0.5 / 40)
     # Every declined step is drafted, but one in 8 (the undrafted figure stays current).
     choices = [gate.should_probe(2) for _ in range(16)]
     assert choices == [True] * 7 + [False] + [True] * 7 + [False]
@@ -268,3 +273,19 @@ def test_close_rates_do_not_overrule_the_cost_model():
         gate.record(1, False, 10, 10.0)  # undrafted 1.0
     # Only the probes' backed-off schedule: 4 declined steps, then 8.
     assert [gate.should_probe(1) for _ in range(12)] == [False] * 3 + [True] + [False] * 7 + [True]
+
+
+def test_the_drafted_arms_unseen_spread_shrinks_with_the_batch():
+    """Drafted 124 tokens in 18 ms (6.889 tokens/ms), undrafted 64 in 9 ms (7.111), every
+    step alike. By hand: the drafted bound is 6.889 + 6.889 / 16 = 7.32 at one request
+    (drafting is given the benefit of the doubt) and 6.889 + 6.889 / (16 x sqrt(64)) =
+    6.943 at 64, under the undrafted 7.111 (no spread): not drafted but to explore."""
+    choices = {}
+    for num_reqs in (1, 64):
+        gate = ThroughputGate(explore_every=32, window=16, min_steps=3)
+        for _ in range(16):
+            gate.record(num_reqs, True, 124, 18.0)
+            gate.record(num_reqs, False, 64, 9.0)
+        choices[num_reqs] = [gate.should_draft(num_reqs) for _ in range(32)]
+    assert choices[1] == [True] * 31 + [False]
+    assert choices[64] == [False] * 31 + [True]
