@@ -57,7 +57,9 @@ def test_profile_round_trip(tmp_path, tiny):
     profile = EngineProfile.load(path)
     assert profile.matches(engine)
     sizes = sorted({s.num_target_tokens for s in profile.samples})
-    assert sizes == [1, 2, 4, 8, 16, 32]  # eager: every power of two up to the batch limit
+    # Eager: every size up to 8 (a lone request's verify steps), then every power of two
+    # up to the batch limit.
+    assert sizes == [1, 2, 3, 4, 5, 6, 7, 8, 16, 32]
     # A restart reads the file instead of profiling again.
     before = path.stat().st_mtime_ns
     LLMEngine(tiny, config)

@@ -132,3 +132,55 @@ def test_skinny_linear_matches_f_linear(rows):
     batched = x.reshape(1, rows, 40)
     assert linear(batched, weight).shape == (1, rows, 96)
     torch.testing.assert_close(linear(batched, weight), F.linear(batched, weight))
+
+
+def test_tune_small_rows_keeps_the_faster_product_per_row_count():
+    """A scripted clock: F.linear is faster at 2 and 3 rows, weight @ x.T from 4. Calls
+    come as (start, end) pairs per row count, repeat and product (F.linear first)."""
+    import torch.nn.functional as F
+
+    from dspark.models import llama
+
+    weights = [torch.randn(24, 40), torch.randn(40, 24)]
+    durations = {rows: (1.0, 2.0) if rows <= 3 else (2.0, 1.5) for rows in range(2, 9)}
+    ticks = []
+    for rows in range(2, llama.TUNED_ROWS + 1):
+        for _ in range(3):
+            for path in (0, 1):
+                ticks.append(durations[rows][path])
+    now, calls = [0.0], [0]
+
+    def clock():
+        if calls[0] % 2:  # an end: the scripted sweep has run
+            now[0] += ticks[calls[0] // 2]
+        calls[0] += 1
+        return now[0]
+
+    try:
+        assert llama.tune_small_rows(weights, clock=clock) == {2, 3}
+        assert calls[0] == 2 * len(ticks)
+        # Measured once per weight set: a second engine on the model reads the answer.
+        assert llama.tune_small_rows(weights, clock=clock) == {2, 3}
+        assert calls[0] == 2 * len(ticks)
+        # linear takes F.linear at 2 and 3 rows for these shapes, weight @ x.T at 4.
+        calls_seen = []
+        original = F.linear
+
+        def spy(x, w, b=None):
+            calls_seen.append(x.shape[0])
+            return original(x, w, b)
+
+        llama.F.linear = spy
+        try:
+            for rows in (2, 3, 4):
+                x = torch.randn(rows, 40)
+                torch.testing.assert_close(llama.linear(x, weights[0]), original(x, weights[0]))
+        finally:
+            llama.F.linear = original
+        assert calls_seen == [2, 3]
+        llama.forget_small_rows(weights)
+        assert (24, 40) not in llama._BLAS_ROWS
+    finally:
+        llama.forget_small_rows(weights)
+        for key in [k for k in llama._TUNED if k[0] == ((24, 40), (40, 24))]:
+            del llama._TUNED[key]

@@ -23,6 +23,7 @@ from dspark.engine.request import FinishReason, PromptTooLongError, Request
 from dspark.engine.sampling import SamplingParams
 from dspark.engine.scheduler import ScheduledChunk, Scheduler
 from dspark.engine.speculative import Drafter, NgramDrafter, OnlineAcceptance, Proposal, verify
+from dspark.models.llama import forget_small_rows, tune_small_rows
 from dspark.models.loader import LoadedModel
 from dspark.ops import allocate_drafts_torch
 from dspark.scheduling import AdaptiveVerifier, StepCostModel, allocate_drafts
@@ -89,6 +90,13 @@ class EngineConfig:
     # decided for (its budget is then planned in the step); None: decide such a step in
     # the step, so every depth is the one the step would take itself.
     lookahead_reuse: float | None = 0.75
+    # CPU: products of 2-8 rows (a verify step's K + 1 per request) run as whichever of
+    # F.linear and weight @ x.T measured faster on this machine at start-up, over the
+    # model's own weights ("tune", about a second, once per process and model;
+    # ``dspark.models.llama.tune_small_rows``), or always as weight @ x.T ("transposed",
+    # the choice before session 10). Per weight shape, process-wide: the last engine
+    # built on a model decides for that model's shapes.
+    small_rows: str = "tune"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", SpecMode(self.spec))
@@ -107,6 +115,8 @@ class EngineConfig:
                 "graph_padding_budget must be a number of steps >= 0 (0: capture every new "
                 f"shape at once), got {self.graph_padding_budget!r}"
             )
+        if self.small_rows not in ("tune", "transposed"):
+            raise ValueError(f"small_rows must be 'tune' or 'transposed', got {self.small_rows!r}")
         if self.allocation not in ("auto", "host", "device"):
             raise ValueError(
                 f"allocation must be 'auto', 'host' or 'device', got {self.allocation!r}"
@@ -215,6 +225,12 @@ class LLMEngine:
             # call measured on an H200) and every step brings new key lengths; the flash /
             # memory-efficient kernels have no such cost. The switch is process-wide.
             torch.backends.cuda.enable_cudnn_sdp(False)
+        weights_of = getattr(self.model, "linear_weights", None)
+        if self.device.type == "cpu" and weights_of is not None:
+            if config.small_rows == "tune":
+                tune_small_rows(weights_of())
+            else:
+                forget_small_rows(weights_of())
         self.padded_steps = config.cuda_graphs == "on" or (
             config.cuda_graphs == "auto" and self.device.type == "cuda"
         )

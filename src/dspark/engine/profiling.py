@@ -41,8 +41,17 @@ if TYPE_CHECKING:
 EAGER_CAPTURE_SIZES = [1]
 # 2: the LM head runs on every row (1 priced only the last row); 3: the drafter is also
 # timed at shallower depths (``draft_depth_samples``); 4: no depth is timed first after the
-# forward (an untimed proposal runs before them, ``_dummy_step``).
-PROFILE_FORMAT = 4
+# forward (an untimed proposal runs before them, ``_dummy_step``); 5: eager steps also
+# profile every size up to ``EAGER_SMALL_SIZES``, and CPU products of a few rows take the
+# product measured faster (``dspark.models.llama.tune_small_rows``).
+PROFILE_FORMAT = 5
+
+EAGER_SMALL_SIZES = 8
+"""Eager steps are profiled at every token count 1 ... EAGER_SMALL_SIZES besides the
+doubling sizes: one request verifying d drafts is a step of 1 + d tokens, and on a CPU
+the cost of a few rows is not a line (session 10's guest: the model's products over 2-3
+rows cost 1.1-1.2 times one row's, over 4 twice), which 1, 2, 4, 8 would interpolate
+across."""
 
 
 def profiled_depths(num_drafts: int) -> list[int]:
@@ -130,8 +139,12 @@ def profile_engine(
     num_drafts = config.num_drafts if engine.drafter is not None else 0
     depths = [num_drafts, *profiled_depths(num_drafts)] if num_drafts else []
     depth_samples: list[tuple[int, int, float]] = []
+    sizes = profile_sizes(capture_sizes, config.max_num_batched_tokens)
+    if engine.graphs is None:
+        small = range(1, min(EAGER_SMALL_SIZES, config.max_num_batched_tokens) + 1)
+        sizes = sorted(set(sizes).union(small))
     with exact_shapes(engine.padded_runners()):  # each size timed as itself
-        for size in profile_sizes(capture_sizes, config.max_num_batched_tokens):
+        for size in sizes:
             num_reqs = min(size, config.max_num_seqs)
             query = np.full(num_reqs, size // num_reqs)
             query[: size % num_reqs] += 1

@@ -8,6 +8,7 @@ cached keys and values through ``AttentionBatch`` (see ``dspark.engine.kv_cache`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -82,22 +83,93 @@ class RMSNorm(nn.Module):
 
 
 SKINNY_ROWS = 16
-"""On CPU, products with 2 ... SKINNY_ROWS rows run as ``weight @ x.T``."""
+"""On CPU, products with 2 ... SKINNY_ROWS rows run as ``weight @ x.T`` (but for the row
+counts ``tune_small_rows`` measured ``F.linear`` faster at)."""
+
+TUNED_ROWS = 8
+"""``tune_small_rows`` times row counts 2 ... TUNED_ROWS; above, ``weight @ x.T`` won on
+every machine measured."""
+
+_BLAS_ROWS: dict[tuple[int, int], frozenset[int]] = {}
+"""Per weight shape, the row counts that ``linear`` leaves to ``F.linear`` on the CPU."""
+
+_TUNED: dict[tuple, frozenset[int]] = {}  # the answers of tune_small_rows, per weight set
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear``, except for a few rows on the CPU: there the BLAS behind ``F.linear``
-    costs about one full weight read *per row* (on this project's 2-core EPYC the
-    49,152 x 576 LM head took 10 ms for 1 row and 35 ms for 3), while ``weight @ x.T``
-    reads the weight once (6 ms for 3 rows; ``scripts/cpu_small_rows.py``). A verify step
-    has K + 1 rows per request."""
+    """``F.linear``, except for a few rows on the CPU, where which product is faster
+    depends on the machine's BLAS. On the 2-core EPYC of earlier sessions ``F.linear``
+    cost about one full weight read *per row* for 2-4 rows (the 49,152 x 576 LM head: 10 ms
+    for 1 row, 35 ms for 3) while ``weight @ x.T`` read the weight once (6 ms for 3 rows);
+    on the Intel (AVX-512) guest of session 10 the other way round for 2-3 rows (the
+    model's products over all its weights: 38-40 ms against 61-68) and ``weight @ x.T``
+    ahead from 4. So 2 ... SKINNY_ROWS rows run as ``weight @ x.T`` except the row counts
+    ``tune_small_rows`` measured ``F.linear`` faster at for this weight's shape
+    (``scripts/cpu_small_rows.py``). A verify step has K + 1 rows per request."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if x.device.type != "cpu" or not 1 < rows <= SKINNY_ROWS:
+    if (
+        x.device.type != "cpu"
+        or not 1 < rows <= SKINNY_ROWS
+        or rows in _BLAS_ROWS.get(tuple(weight.shape), ())
+    ):
         return F.linear(x, weight, bias)
     out = torch.mm(weight, x.reshape(rows, -1).t()).t()
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def tune_small_rows(
+    weights: Sequence[torch.Tensor], repeats: int = 3, clock=time.perf_counter
+) -> frozenset[int]:
+    """Measure, for 2 ... ``TUNED_ROWS`` rows, whether ``F.linear`` or ``weight @ x.T`` runs
+    the products over ``weights`` faster on this CPU, and have ``linear`` take the faster
+    for these weights' shapes; returns the row counts left to ``F.linear``.
+
+    ``weights`` are a model's, in the order a forward reads them: a sweep over all of
+    them reads each from memory as a step does (a few repeated products would time them
+    in cache). Each row count times both products ``repeats`` times, alternating, and
+    keeps each one's fastest sweep. Answers are kept per weight set (shapes, dtype and
+    thread count), so a second engine on the same model does not measure again. CUDA
+    weights, or none, leave everything as it is."""
+    weights = [w for w in weights if w.dim() == 2 and w.device.type == "cpu"]
+    if not weights:
+        return frozenset()
+    key = (
+        tuple(tuple(w.shape) for w in weights),
+        weights[0].dtype,
+        torch.get_num_threads(),
+    )
+    if key not in _TUNED:
+        generator = torch.Generator().manual_seed(0)
+        inputs = {
+            n: torch.randn(TUNED_ROWS, n, generator=generator).to(weights[0].dtype)
+            for n in {w.shape[1] for w in weights}
+        }
+        blas = set()
+        with torch.inference_mode():
+            for rows in range(2, TUNED_ROWS + 1):
+                best = [float("inf"), float("inf")]  # F.linear, weight @ x.T
+                for _ in range(repeats):
+                    for path in (0, 1):
+                        start = clock()
+                        for w in weights:
+                            x = inputs[w.shape[1]][:rows]
+                            F.linear(x, w) if path == 0 else torch.mm(w, x.t())
+                        best[path] = min(best[path], clock() - start)
+                if best[0] < best[1]:
+                    blas.add(rows)
+        _TUNED[key] = frozenset(blas)
+    for w in weights:
+        _BLAS_ROWS[tuple(w.shape)] = _TUNED[key]
+    return _TUNED[key]
+
+
+def forget_small_rows(weights: Sequence[torch.Tensor]) -> None:
+    """``linear`` runs 2 ... SKINNY_ROWS rows as ``weight @ x.T`` for these weights'
+    shapes again, whatever ``tune_small_rows`` measured."""
+    for w in weights:
+        _BLAS_ROWS.pop(tuple(w.shape), None)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -302,6 +374,20 @@ class LlamaModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return linear(hidden, self.lm_head.weight).float()
+
+    def linear_weights(self) -> list[torch.Tensor]:
+        """The weights ``linear`` multiplies in a forward and the LM head, in that order
+        (q, k and v fused, gate and up fused, as the forward fuses them)."""
+        weights = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if attn.qkv_weight is None:
+                attn.qkv_weight, attn.qkv_bias = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj)
+            if mlp.gate_up_weight is None:
+                mlp.gate_up_weight, _ = fuse_linears(mlp.gate_proj, mlp.up_proj)
+            weights += [attn.qkv_weight, attn.o_proj.weight]
+            weights += [mlp.gate_up_weight, mlp.down_proj.weight]
+        return [*weights, self.lm_head.weight]
 
     def forward_dense(
         self,
