@@ -135,19 +135,19 @@ def test_skinny_linear_matches_f_linear(rows):
 
 
 def test_tune_small_rows_keeps_the_faster_product_per_row_count():
-    """A scripted clock: F.linear is faster at 2 and 3 rows, weight @ x.T from 4. Calls
-    come as (start, end) pairs per row count, repeat and product (F.linear first)."""
+    """A scripted clock: F.linear is faster at 2 and 3 rows and at 64, weight @ x.T at the
+    counts timed in between. Calls come as (start, end) pairs per row count timed, repeat
+    and product (F.linear first). A count not timed takes the next timed one's choice."""
     import torch.nn.functional as F
 
     from dspark.models import llama
 
     weights = [torch.randn(24, 40), torch.randn(40, 24)]
-    durations = {rows: (1.0, 2.0) if rows <= 3 else (2.0, 1.5) for rows in range(2, 9)}
+    blas = {2, 3, 64}
     ticks = []
-    for rows in range(2, llama.TUNED_ROWS + 1):
-        for _ in range(3):
-            for path in (0, 1):
-                ticks.append(durations[rows][path])
+    for rows in llama.TUNED_ROWS:
+        for _ in range(2):
+            ticks += [1.0, 2.0] if rows in blas else [2.0, 1.5]
     now, calls = [0.0], [0]
 
     def clock():
@@ -157,29 +157,36 @@ def test_tune_small_rows_keeps_the_faster_product_per_row_count():
         return now[0]
 
     try:
-        assert llama.tune_small_rows(weights, clock=clock) == {2, 3}
+        assert llama.tune_small_rows(weights, clock=clock) == blas
         assert calls[0] == 2 * len(ticks)
         # Measured once per weight set: a second engine on the model reads the answer.
-        assert llama.tune_small_rows(weights, clock=clock) == {2, 3}
+        assert llama.tune_small_rows(weights, clock=clock) == blas
         assert calls[0] == 2 * len(ticks)
-        # linear takes F.linear at 2 and 3 rows for these shapes, weight @ x.T at 4.
-        calls_seen = []
+        seen = []
         original = F.linear
 
         def spy(x, w, b=None):
-            calls_seen.append(x.shape[0])
+            seen.append(x.shape[0])
             return original(x, w, b)
 
         llama.F.linear = spy
         try:
-            for rows in (2, 3, 4):
+            # 5 takes 6's choice, 20 takes 24's, 50 takes 64's; 65 is past the plan.
+            for rows in (1, 2, 3, 4, 5, 20, 48, 50, 64, 65):
                 x = torch.randn(rows, 40)
                 torch.testing.assert_close(llama.linear(x, weights[0]), original(x, weights[0]))
         finally:
             llama.F.linear = original
-        assert calls_seen == [2, 3]
-        llama.forget_small_rows(weights)
-        assert (24, 40) not in llama._BLAS_ROWS
+        assert seen == [1, 2, 3, 50, 64, 65]
+        llama.forget_small_rows(weights)  # back to weight @ x.T for 2 ... 16 rows
+        seen.clear()
+        llama.F.linear = spy
+        try:
+            for rows in (2, 16, 17):
+                llama.linear(torch.randn(rows, 40), weights[0])
+        finally:
+            llama.F.linear = original
+        assert seen == [17]
     finally:
         llama.forget_small_rows(weights)
         for key in [k for k in llama._TUNED if k[0] == ((24, 40), (40, 24))]:

@@ -90,12 +90,12 @@ class EngineConfig:
     # decided for (its budget is then planned in the step); None: decide such a step in
     # the step, so every depth is the one the step would take itself.
     lookahead_reuse: float | None = 0.75
-    # CPU: products of 2-8 rows (a verify step's K + 1 per request) run as whichever of
+    # CPU: products of 2-64 rows (a verify step's K + 1 per request) run as whichever of
     # F.linear and weight @ x.T measured faster on this machine at start-up, over the
-    # model's own weights ("tune", about a second, once per process and model;
-    # ``dspark.models.llama.tune_small_rows``), or always as weight @ x.T ("transposed",
-    # the choice before session 10). Per weight shape, process-wide: the last engine
-    # built on a model decides for that model's shapes.
+    # model's own weights ("tune", about 4 s, once per process and model;
+    # ``dspark.models.llama.tune_small_rows``), or as weight @ x.T for 2-16 rows
+    # ("transposed", the choice before session 10). Per weight shape, process-wide: the
+    # last engine built on a model decides for that model's shapes.
     small_rows: str = "tune"
 
     def __post_init__(self) -> None:

@@ -83,35 +83,36 @@ class RMSNorm(nn.Module):
 
 
 SKINNY_ROWS = 16
-"""On CPU, products with 2 ... SKINNY_ROWS rows run as ``weight @ x.T`` (but for the row
-counts ``tune_small_rows`` measured ``F.linear`` faster at)."""
+"""On CPU, until ``tune_small_rows`` has measured this machine, products with 2 ...
+SKINNY_ROWS rows run as ``weight @ x.T`` (the choice measured on the EPYC of sessions
+5-9)."""
 
-TUNED_ROWS = 8
-"""``tune_small_rows`` times row counts 2 ... TUNED_ROWS; above, ``weight @ x.T`` won on
-every machine measured."""
+TUNED_ROWS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+"""The row counts ``tune_small_rows`` times; a count between two takes the choice of the
+next one timed, and more than the last runs as ``F.linear``."""
 
-_BLAS_ROWS: dict[tuple[int, int], frozenset[int]] = {}
-"""Per weight shape, the row counts that ``linear`` leaves to ``F.linear`` on the CPU."""
+_ROW_PLAN: dict[tuple[int, int], tuple[bool, ...]] = {}
+"""Per weight shape, by row count: run as ``weight @ x.T`` (True) or ``F.linear``."""
 
-_TUNED: dict[tuple, frozenset[int]] = {}  # the answers of tune_small_rows, per weight set
+_TUNED: dict[tuple, tuple[bool, ...]] = {}  # the plans tune_small_rows measured, per weight set
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear``, except for a few rows on the CPU, where which product is faster
+    """``F.linear``, except for a few dozen rows on the CPU, where which product is faster
     depends on the machine's BLAS. On the 2-core EPYC of earlier sessions ``F.linear``
     cost about one full weight read *per row* for 2-4 rows (the 49,152 x 576 LM head: 10 ms
     for 1 row, 35 ms for 3) while ``weight @ x.T`` read the weight once (6 ms for 3 rows);
-    on the Intel (AVX-512) guest of session 10 the other way round for 2-3 rows (the
-    model's products over all its weights: 38-40 ms against 61-68) and ``weight @ x.T``
-    ahead from 4. So 2 ... SKINNY_ROWS rows run as ``weight @ x.T`` except the row counts
-    ``tune_small_rows`` measured ``F.linear`` faster at for this weight's shape
+    on the Intel (AVX-512) guest of session 10, over all of SmolLM2's weights as a forward
+    reads them, ``F.linear`` is ahead at 2-3 rows (43-52 ms against 69-76) and
+    ``weight @ x.T`` from 5 to 48 (at 32 rows 78 ms against 121). So the product is the
+    one ``tune_small_rows`` measured faster for this weight's shape and row count, or,
+    on a machine not measured, ``weight @ x.T`` for 2 ... SKINNY_ROWS rows
     (``scripts/cpu_small_rows.py``). A verify step has K + 1 rows per request."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if (
-        x.device.type != "cpu"
-        or not 1 < rows <= SKINNY_ROWS
-        or rows in _BLAS_ROWS.get(tuple(weight.shape), ())
-    ):
+    if x.device.type != "cpu" or rows < 2:
+        return F.linear(x, weight, bias)
+    plan = _ROW_PLAN.get(tuple(weight.shape))
+    if not (rows <= SKINNY_ROWS if plan is None else rows < len(plan) and plan[rows]):
         return F.linear(x, weight, bias)
     out = torch.mm(weight, x.reshape(rows, -1).t()).t()
     if bias is not None:
@@ -120,35 +121,33 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def tune_small_rows(
-    weights: Sequence[torch.Tensor], repeats: int = 3, clock=time.perf_counter
+    weights: Sequence[torch.Tensor], repeats: int = 2, clock=time.perf_counter
 ) -> frozenset[int]:
-    """Measure, for 2 ... ``TUNED_ROWS`` rows, whether ``F.linear`` or ``weight @ x.T`` runs
-    the products over ``weights`` faster on this CPU, and have ``linear`` take the faster
-    for these weights' shapes; returns the row counts left to ``F.linear``.
+    """Measure, for each row count of ``TUNED_ROWS``, whether ``F.linear`` or
+    ``weight @ x.T`` runs the products over ``weights`` faster on this CPU, and have
+    ``linear`` take the faster for these weights' shapes; returns the counts timed that
+    were left to ``F.linear``.
 
     ``weights`` are a model's, in the order a forward reads them: a sweep over all of
     them reads each from memory as a step does (a few repeated products would time them
     in cache). Each row count times both products ``repeats`` times, alternating, and
-    keeps each one's fastest sweep. Answers are kept per weight set (shapes, dtype and
-    thread count), so a second engine on the same model does not measure again. CUDA
-    weights, or none, leave everything as it is."""
+    keeps each one's fastest sweep (about 4 s for SmolLM2-135M on a 2-core CPU). Plans are
+    kept per weight set (shapes, dtype and thread count), so a second engine on the same
+    model does not measure again. CUDA weights, or none, leave everything as it is."""
     weights = [w for w in weights if w.dim() == 2 and w.device.type == "cpu"]
     if not weights:
         return frozenset()
-    key = (
-        tuple(tuple(w.shape) for w in weights),
-        weights[0].dtype,
-        torch.get_num_threads(),
-    )
+    key = (tuple(tuple(w.shape) for w in weights), weights[0].dtype, torch.get_num_threads())
     if key not in _TUNED:
         generator = torch.Generator().manual_seed(0)
         inputs = {
-            n: torch.randn(TUNED_ROWS, n, generator=generator).to(weights[0].dtype)
+            n: torch.randn(TUNED_ROWS[-1], n, generator=generator).to(weights[0].dtype)
             for n in {w.shape[1] for w in weights}
         }
-        blas = set()
+        plan = [False] * (TUNED_ROWS[-1] + 1)
         with torch.inference_mode():
-            for rows in range(2, TUNED_ROWS + 1):
+            below = 1
+            for rows in TUNED_ROWS:
                 best = [float("inf"), float("inf")]  # F.linear, weight @ x.T
                 for _ in range(repeats):
                     for path in (0, 1):
@@ -157,19 +156,19 @@ def tune_small_rows(
                             x = inputs[w.shape[1]][:rows]
                             F.linear(x, w) if path == 0 else torch.mm(w, x.t())
                         best[path] = min(best[path], clock() - start)
-                if best[0] < best[1]:
-                    blas.add(rows)
-        _TUNED[key] = frozenset(blas)
+                plan[below + 1 : rows + 1] = [best[1] < best[0]] * (rows - below)
+                below = rows
+        _TUNED[key] = tuple(plan)
     for w in weights:
-        _BLAS_ROWS[tuple(w.shape)] = _TUNED[key]
-    return _TUNED[key]
+        _ROW_PLAN[tuple(w.shape)] = _TUNED[key]
+    return frozenset(rows for rows in TUNED_ROWS if not _TUNED[key][rows])
 
 
 def forget_small_rows(weights: Sequence[torch.Tensor]) -> None:
     """``linear`` runs 2 ... SKINNY_ROWS rows as ``weight @ x.T`` for these weights'
     shapes again, whatever ``tune_small_rows`` measured."""
     for w in weights:
-        _BLAS_ROWS.pop(tuple(w.shape), None)
+        _ROW_PLAN.pop(tuple(w.shape), None)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
