@@ -1,5 +1,5 @@
 """Milliseconds per product with a few rows on this CPU: ``F.linear`` against
-``weight @ x.T`` (what ``dspark.models.llama.linear`` chooses between for 2-16 rows).
+``weight @ x.T`` (what ``dspark.models.llama.linear`` chooses between for 2-64 rows).
 
 Two tables. First, SmolLM2's LM head (49,152 x 576) and fused gate/up projection
 (3,072 x 576) alone, median of 30 calls (the gate/up weight then sits in cache). Then a
@@ -49,7 +49,7 @@ def main() -> None:
     weights.append(torch.randn(49152, 576))
     print("a forward's products over SmolLM2-shaped weights, ms")
     print(f"{'rows':>4} {'F.linear':>9} {'w @ x.T':>9}")
-    for rows in (*range(1, 11), 12, 16):
+    for rows in (*range(1, 11), 12, 16, 20, 24, 32, 48, 64, 96, 128):
         inputs = {n: torch.randn(rows, n) for n in (576, 1536)}
         times = []
         for product in (F.linear, transposed):
