@@ -64,6 +64,14 @@ def test_profile_round_trip(tmp_path, tiny):
     before = path.stat().st_mtime_ns
     LLMEngine(tiny, config)
     assert path.stat().st_mtime_ns == before
+    # Products under another small-row plan cost otherwise: that profile is not this one's.
+    from dspark.models.llama import forget_small_rows, tune_small_rows
+
+    assert profile.row_plan is not None
+    forget_small_rows(tiny.model.linear_weights())
+    assert not profile.matches(engine)
+    tune_small_rows(tiny.model.linear_weights())  # the plan measured before, kept per model
+    assert profile.matches(engine)
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     with pytest.raises(ValueError, match="cannot read the engine profile"):

@@ -134,7 +134,7 @@ def test_skinny_linear_matches_f_linear(rows):
     torch.testing.assert_close(linear(batched, weight), F.linear(batched, weight))
 
 
-def test_tune_small_rows_keeps_the_faster_product_per_row_count():
+def test_tune_small_rows_keeps_the_faster_product_per_row_count(monkeypatch):
     """A scripted clock: F.linear is faster at 2 and 3 rows and at 64, weight @ x.T at the
     counts timed in between. Calls come as (start, end) pairs per row count timed, repeat
     and product (F.linear first). A count not timed takes the next timed one's choice."""
@@ -169,23 +169,18 @@ def test_tune_small_rows_keeps_the_faster_product_per_row_count():
             seen.append(x.shape[0])
             return original(x, w, b)
 
-        llama.F.linear = spy
-        try:
-            # 5 takes 6's choice, 20 takes 24's, 50 takes 64's; 65 is past the plan.
-            for rows in (1, 2, 3, 4, 5, 20, 48, 50, 64, 65):
-                x = torch.randn(rows, 40)
-                torch.testing.assert_close(llama.linear(x, weights[0]), original(x, weights[0]))
-        finally:
-            llama.F.linear = original
+        monkeypatch.setattr(llama.F, "linear", spy)
+        # 5 takes 6's choice, 20 takes 24's, 50 takes 64's; 65 is past the plan.
+        for rows in (1, 2, 3, 4, 5, 20, 48, 50, 64, 65):
+            x = torch.randn(rows, 40)
+            torch.testing.assert_close(llama.linear(x, weights[0]), original(x, weights[0]))
         assert seen == [1, 2, 3, 50, 64, 65]
+        assert llama.row_plan((24, 40))[2] is False and llama.row_plan((24, 40))[20] is True
         llama.forget_small_rows(weights)  # back to weight @ x.T for 2 ... 16 rows
+        assert llama.row_plan((24, 40)) is None
         seen.clear()
-        llama.F.linear = spy
-        try:
-            for rows in (2, 16, 17):
-                llama.linear(torch.randn(rows, 40), weights[0])
-        finally:
-            llama.F.linear = original
+        for rows in (2, 16, 17):
+            llama.linear(torch.randn(rows, 40), weights[0])
         assert seen == [17]
     finally:
         llama.forget_small_rows(weights)

@@ -92,7 +92,8 @@ class EngineConfig:
     lookahead_reuse: float | None = 0.75
     # CPU: products of 2-64 rows (a verify step's K + 1 per request) run as whichever of
     # F.linear and weight @ x.T measured faster on this machine at start-up, over the
-    # model's own weights ("tune", about 4 s, once per process and model;
+    # target's own weights (the drafter's shapes that match them follow; its others keep
+    # the untuned rule) ("tune", about 4 s, once per process and model;
     # ``dspark.models.llama.tune_small_rows``), or as weight @ x.T for 2-16 rows
     # ("transposed", the choice before session 10). Per weight shape, process-wide: the
     # last engine built on a model decides for that model's shapes.

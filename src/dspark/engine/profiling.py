@@ -24,6 +24,7 @@ from dspark.engine.graphs import exact_shapes
 from dspark.engine.kv_cache import BlockTable
 from dspark.engine.request import Request
 from dspark.engine.sampling import SamplingParams
+from dspark.models.llama import row_plan
 from dspark.scheduling import (
     PROFILE_REPLAYS,
     CostTables,
@@ -51,7 +52,8 @@ EAGER_SMALL_SIZES = 8
 doubling sizes: one request verifying d drafts is a step of 1 + d tokens, and on a CPU
 the cost of a few rows is not a line (session 10's guest: the model's products over 2-3
 rows cost 1.1-1.2 times one row's, over 4 twice), which 1, 2, 4, 8 would interpolate
-across."""
+across. (A size s is profiled as min(s, max_num_seqs) requests, as every size is: the
+products see s rows either way; attention differs from one request's s queries.)"""
 
 
 def profiled_depths(num_drafts: int) -> list[int]:
@@ -74,6 +76,9 @@ class EngineProfile:
     num_drafts: int = 0  # K the drafter was timed at (0: no drafter)
     # (num_reqs, depth, drafter ms) for depths shallower than K (``profiled_depths``).
     draft_depth_samples: list[tuple[int, int, float]] = field(default_factory=list)
+    # CPU: the small-row plan the products ran under (``dspark.models.llama.row_plan``;
+    # None where there is none): timed under another plan, the costs are another's.
+    row_plan: list[bool] | None = None
 
     @property
     def tables(self) -> CostTables:
@@ -121,6 +126,7 @@ class EngineProfile:
             and self.dtype == str(engine.dtype)
             and self.cudagraph_limit == captured_sizes(engine)[-1]
             and self.num_drafts == (config.num_drafts if engine.drafter is not None else 0)
+            and self.row_plan == current_row_plan(engine)
         )
 
 
@@ -171,10 +177,21 @@ def profile_engine(
         PROFILE_FORMAT,
         num_drafts,
         depth_samples,
+        current_row_plan(engine),
     )
     if path is not None:
         profile.save(Path(path))
     return profile
+
+
+def current_row_plan(engine: LLMEngine) -> list[bool] | None:
+    """The small-row plan the engine's LM head products run under (None: none, e.g. on
+    CUDA or before tuning)."""
+    head = getattr(engine.model, "lm_head", None)
+    if head is None or engine.device.type != "cpu":
+        return None
+    plan = row_plan(tuple(head.weight.shape))
+    return None if plan is None else list(plan)
 
 
 def captured_sizes(engine: LLMEngine) -> list[int]:

@@ -106,7 +106,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     reads them, ``F.linear`` is ahead at 2-3 rows (43-52 ms against 69-76) and
     ``weight @ x.T`` from 5 to 48 (at 32 rows 78 ms against 121). So the product is the
     one ``tune_small_rows`` measured faster for this weight's shape and row count, or,
-    on a machine not measured, ``weight @ x.T`` for 2 ... SKINNY_ROWS rows
+    for a weight shape not measured, ``weight @ x.T`` for 2 ... SKINNY_ROWS rows
     (``scripts/cpu_small_rows.py``). A verify step has K + 1 rows per request."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if x.device.type != "cpu" or rows < 2:
@@ -162,6 +162,11 @@ def tune_small_rows(
     for w in weights:
         _ROW_PLAN[tuple(w.shape)] = _TUNED[key]
     return frozenset(rows for rows in TUNED_ROWS if not _TUNED[key][rows])
+
+
+def row_plan(shape: tuple[int, int]) -> tuple[bool, ...] | None:
+    """The small-row plan ``linear`` follows for weights of ``shape`` (None: not tuned)."""
+    return _ROW_PLAN.get(tuple(shape))
 
 
 def forget_small_rows(weights: Sequence[torch.Tensor]) -> None:

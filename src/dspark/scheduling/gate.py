@@ -35,8 +35,9 @@ A bucket not yet measured on both arms follows its nearest measured neighbour of
 same kind (a batch shrinking as its requests finish crosses several buckets in a few
 steps), else the nearest of the other kind. Where the cost
 model declines drafting, the gate is asked ``should_probe`` instead: where drafted steps
-without a prompt chunk measure clearly faster it has the step drafted (measurement
-overrules the cost model either way), and otherwise now and then, so that a cost model
+without a prompt chunk measure clearly faster it has the step drafted (so measurement
+overrules the cost model either way, but for a decline in a step with a prompt chunk,
+whose rates mix in the chunk's cost), and otherwise now and then, so that a cost model
 that priced drafting out on a few bad steps measures it again.
 The decisions read past steps' timings and token counts only, never the drafts of the
 step they decide, so sampling stays lossless (see ``AdaptiveVerifier``).

@@ -56,7 +56,9 @@ one token fewer than a full verify, for a step only 3% cheaper).
 A step that carries a prompt chunk besides its decodes is priced as if the chunk were not
 there: the drafts' cost is their marginal one (the target's cost of the chunk's tokens
 *plus* the drafts, less that of the chunk's tokens alone, and the drafter), set against
-a step of the same requests' decodes alone. The chunk's tokens are computed whichever way
+a step of the same requests' decodes alone (each request at one token: a request whose
+chunk does not finish its prompt counts as a decode that samples nothing, which prices
+the undrafted step one token high per such request). The chunk's tokens are computed whichever way
 the step drafts, and the drafts' tokens save decoding steps, not prompt work, so they pay
 when they come faster than decoding alone brings them. Priced with the chunk in, as the
 seed prices every step, the step's own rate is held down by the chunk's cost, and drafts
