@@ -111,7 +111,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if x.device.type != "cpu" or rows < 2:
         return F.linear(x, weight, bias)
-    plan = _ROW_PLAN.get(tuple(weight.shape))
+    plan = _ROW_PLAN.get(weight.shape)  # a torch.Size hashes and compares as a tuple
     if not (rows <= SKINNY_ROWS if plan is None else rows < len(plan) and plan[rows]):
         return F.linear(x, weight, bias)
     out = torch.mm(weight, x.reshape(rows, -1).t()).t()
