@@ -190,6 +190,10 @@ def main() -> None:
                 profiler.disable()
                 print(f"\n--- cProfile, {setting.label}: top functions by own time ---")
                 pstats.Stats(profiler).sort_stats("tottime").print_stats(22)
+                print(f"--- cProfile, {setting.label}: the engine's host phases, cumulative ---")
+                pstats.Stats(profiler).sort_stats("cumtime").print_stats(
+                    r"engine\.py|verifier\.py|replay\.py|drafter\.py:\d+\(propose", 24
+                )
             tokens = sum(len(r.output_ids) for r in finished)
             by_class = defaultdict(lambda: [0, 0.0, 0])
             for entry in log:
@@ -235,7 +239,8 @@ def main() -> None:
                 print(
                     f"  depth steps {dict(sorted(stats.depth_steps.items()))}, gate vetoes "
                     f"{stats.gate_vetoes}, probes {stats.probes}, lookahead hits "
-                    f"{stats.lookahead_hits} plans {stats.lookahead_plans} reused "
+                    f"{stats.lookahead_hits} plans {stats.lookahead_plans} (while drafting "
+                    f"{stats.drafting_plans}) reused "
                     f"{stats.lookahead_reused}, schedule median "
                     f"{np.median(stats.schedule_ms) * 1e3:.0f} us, lookahead median "
                     f"{np.median(stats.lookahead_ms or [0]) * 1e3:.0f} us, drafted decode "

@@ -368,11 +368,14 @@ def test_drafting_decisions_taken_ahead_are_the_ones_taken_in_step(
     # Budgets planned ahead (their rounds recorded during the forward) are the step's own.
     assert list(on.stats.budgets) == list(off.stats.budgets)
     assert len(set(on.stats.budgets)) > 2
-    # So are those planned in the step before its round is recorded (the record waits for
-    # the forward with the look-ahead on): the budgets not planned ahead.
-    assert 10 <= len(on.stats.budgets) - on.stats.lookahead_plans
+    # So are those planned while the drafter ran (the budgets not planned ahead, every
+    # one whose proposal held the drafts the plan assumed), and any planned in the step
+    # before its round is recorded (the record waits for the forward with the look-ahead
+    # on).
+    not_ahead = len(on.stats.budgets) - on.stats.lookahead_plans
+    assert 10 <= on.stats.drafting_plans <= not_ahead
     assert 10 <= on.stats.lookahead_plans <= on.stats.lookahead_hits
-    assert off.stats.lookahead_plans == 0
+    assert off.stats.lookahead_plans == off.stats.drafting_plans == 0
     assert [r[1:] for r in on.round_log] == [r[1:] for r in off.round_log]
     assert [r.output_ids for r in on_requests] == [r.output_ids for r in off_requests]
     assert len(set(on_depths)) > 2  # the decision varied, so agreeing is no coincidence

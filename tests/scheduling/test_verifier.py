@@ -406,10 +406,11 @@ def _brute_force_budget(survival_rows, num_sampling, tables):
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_the_plan_keeps_the_batch_spread_and_shrinks_its_mean(data):
-    """Oracle: the stale survival rows minus (1 - predictiveness) x (their per-position
-    mean over the batch - the population's), clipped to [0, 1], every budget priced; rows
-    of requests with no round yet (all 1.0) unshifted and out of the mean. The same
-    budget planned ahead, before the round is recorded."""
+    """Oracle: the stale survival rows scaled per position so that their mean over the
+    batch becomes predictiveness x that mean + (1 - predictiveness) x the population's,
+    clipped at 1, every budget priced; rows of requests with no round yet (all 1.0)
+    unscaled and out of the mean. The same budget planned ahead, before the round is
+    recorded."""
     from dspark.scheduling import CostTables
 
     k, num_slots = 3, 8
@@ -439,9 +440,44 @@ def test_the_plan_keeps_the_batch_spread_and_shrinks_its_mean(data):
     prior = (stale == 1.0).all(axis=1)
     rows = stale.copy()
     if (~prior).any():
-        shift = (1 - weight) * (stale[~prior].mean(axis=0) - population)
-        rows[~prior] = np.clip(stale[~prior] - shift, 0.0, 1.0)
+        mean = stale[~prior].mean(axis=0)
+        target = weight * mean + (1 - weight) * population
+        rows[~prior] = np.minimum(stale[~prior] * (target / mean), 1.0)
     assert budget == _brute_force_budget(rows, n, tables)
+
+
+def test_the_shrunk_plan_never_drops_a_draft_that_costs_nothing():
+    """Independent rounds (predictiveness near 0), a verify that costs the same for every
+    draft count, and a lucky stale batch (its mean far above the population's): each
+    slot's survival is scaled down, never to 0, so the budget admits every draft, as
+    the best budget on any fresh round does. (Shifting the rows by the mean's excess
+    put slot 1's last position at 0, and the smallest best budget left it out.)"""
+    from dspark.scheduling import CostTables
+
+    rng = np.random.default_rng(3)
+    rounds = [rng.choice([0.2, 0.9], size=(2, 1)) * np.ones((2, 3)) for _ in range(120)]
+    flat = CostTables(draft_ms=np.full(3, 2.0), verify_ms=np.full(16, 10.0))
+    verifier = AdaptiveVerifier(2, 3, flat, max_total_logits=16)
+    verifier.predictiveness_decay = 0.99
+    for slot in range(2):
+        verifier.add_request(slot)
+    for confidences in rounds:
+        verifier.record(np.array([0, 1]), confidences)
+    assert verifier.predictiveness < 0.25
+    lucky = np.array([[0.95, 0.95, 0.95], [0.6, 0.3, 0.2]])  # slot 1: 0.6, 0.18, 0.036
+    verifier.record(np.array([0, 1]), lucky)
+    verifier.record(np.array([0, 1]), rng.uniform(0.1, 0.9, (2, 3)))  # lucky turns stale
+    args = (np.array([0, 1]), np.array([3, 3]), np.array([1, 1]), 2)
+    assert verifier.plan(*args) == 6
+    # The rows it prices: the stale ones scaled towards the population, all above 0.
+    population, weight = verifier._planning_state
+    stale = verifier._stale[[0, 1]].copy()
+    mean = stale.mean(axis=0)
+    scaled = stale * ((weight * mean + (1 - weight) * population) / mean)
+    assert (scaled > 0).all()
+    shifted = stale - (1 - weight) * (mean - population)
+    assert shifted[1, 2] < 0  # what the shift did: slot 1's last survival below 0,
+    assert _brute_force_budget(np.clip(shifted, 0.0, 1.0), 2, flat) == 5  # and cut there
 
 
 def _chunk_verifier(confidence, k=1, num_slots=2):

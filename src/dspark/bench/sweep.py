@@ -90,6 +90,7 @@ class Measurement:
     lookahead_hits: int = 0  # adaptive: drafting decisions taken during the previous forward
     lookahead_us_per_step: float = 0.0  # look-ahead host time, used or not (during forwards)
     lookahead_plans: int = 0  # adaptive: of the hits, budgets planned ahead too
+    drafting_plans: int = 0  # adaptive: budgets planned while the drafter ran
     lookahead_reused: int = 0  # adaptive: depths decided ahead for a batch that changed
 
 
@@ -174,6 +175,7 @@ def measure(
         lookahead_hits=stats.lookahead_hits,
         lookahead_reused=stats.lookahead_reused,
         lookahead_plans=stats.lookahead_plans,
+        drafting_plans=stats.drafting_plans,
         lookahead_us_per_step=sum(stats.lookahead_ms) * 1e3 / max(stats.num_steps, 1),
         depth_steps=[stats.depth_steps[d] for d in range(setting.k + 1)]
         if setting.spec == "adaptive"
@@ -382,6 +384,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "lookahead_hits",
         "lookahead_us_per_step",
         "lookahead_plans",
+        "drafting_plans",
         "lookahead_reused",
     ):
         row[key] = float(np.median([getattr(m, key) for m in measurements]))

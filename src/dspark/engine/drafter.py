@@ -19,7 +19,7 @@ vocabulary (zero outside the subset), so rejection sampling stays lossless.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -148,8 +148,16 @@ class DSparkDrafter:
 
     # ---- drafting ----------------------------------------------------------------------
 
+    # ``propose`` runs ``while_drafting`` after queueing its passes (``Drafter``).
+    runs_host_work_while_drafting = True
+
     @torch.inference_mode()
-    def propose(self, requests: Sequence[Request], max_drafts: np.ndarray) -> Proposal:
+    def propose(
+        self,
+        requests: Sequence[Request],
+        max_drafts: np.ndarray,
+        while_drafting: Callable[[], None] | None = None,
+    ) -> Proposal:
         k = self.num_positions
         num = len(requests)
         tokens: list[list[int]] = [[] for _ in range(num)]
@@ -162,6 +170,8 @@ class DSparkDrafter:
             if max_drafts[i] > 0 and self.lengths.get(r.request_id, -1) == r.num_tokens - 1
         ]
         if not ready:
+            if while_drafting is not None:
+                while_drafting()
             return Proposal(tokens, probs, confidences if self.has_confidence else None)
         chosen = [requests[i] for i in ready]
         anchor_pos = np.array([r.num_tokens - 1 for r in chosen])
@@ -186,6 +196,8 @@ class DSparkDrafter:
         # whole (draft) vocabulary each time: stop at the deepest draft any request may verify.
         depth = int(max(max_drafts[i] for i in ready))
         drafted, sampled_probs, conf_logits = self._sample(chosen, hidden, anchors, depth)
+        if while_drafting is not None:  # queued, not waited on: the device drafts meanwhile
+            while_drafting()
         drafted_host = drafted.tolist()
         on_device = None
         if conf_logits is not None:

@@ -163,6 +163,10 @@ class EngineStats:
     # Adaptive: of those, steps whose budget was planned ahead too (its round recorded
     # during the forward): the step itself only allocated.
     lookahead_plans: int = 0
+    # Adaptive: steps whose budget was planned while the drafter ran, and taken
+    # (``LLMEngine._plan_while_drafting``; the host time of every such plan, taken or
+    # not, is in ``lookahead_ms``).
+    drafting_plans: int = 0
     capture_steps: int = 0  # steps that captured a CUDA graph (a one-time cost per shape)
     # Host phases of a step (ms, no device sync): drafting as a whole (gate, proposal,
     # budget, allocation), verification and emission, the drafter's context update.
@@ -274,9 +278,11 @@ class LLMEngine:
         self._flush_ms = 0.0
         # Adaptive: (step it is for, slots, depth, probe depth, budget or None) decided
         # ahead (the budget only when the next batch can be the same decodes with a full
-        # K each), and the (step, depth, budget) of a plan taken ahead for the step under way.
+        # K each), and a budget planned early for the step under way: (step, drafts per
+        # request it assumed (a depth for every request, or a [num_reqs] array), budget,
+        # whether the look-ahead planned it (else ``_plan_while_drafting``)).
         self._ahead: tuple[int, np.ndarray, int, int, int | None] | None = None
-        self._planned: tuple[int, int, int] | None = None
+        self._planned: tuple[int, int | np.ndarray, int, bool] | None = None
         # Adaptive: a round whose recording waits for the forward (slots, confidences).
         self._unrecorded: tuple[np.ndarray, np.ndarray] | None = None
         # With the look-ahead: the last step's timing, for ``record_step`` in the next one.
@@ -556,8 +562,13 @@ class LLMEngine:
         self._flush_upkeep()  # the drafter's context must be complete before it drafts
         self._flush_ms = (time.perf_counter() - flush_start) * 1e3
         captures = self.num_captures()
+        requests = [chunks[i].request for i in decode_index]
+        overlap = None if batch is None else self._plan_while_drafting(batch, limits)
         start = self._clock()
-        proposal: Proposal = self.drafter.propose([chunks[i].request for i in decode_index], limits)
+        if overlap is None:
+            proposal: Proposal = self.drafter.propose(requests, limits)
+        else:
+            proposal = self.drafter.propose(requests, limits, while_drafting=overlap)
         drafter_ms = self._clock() - start
         self.stats.drafter_ms.append(drafter_ms)
         cost_model = None if batch is None else self.verifier.cost_model
@@ -579,6 +590,40 @@ class LLMEngine:
         if batch is not None:
             self._admit_adaptively(batch, drafts, proposal)
         return drafts, probs
+
+    def _plan_while_drafting(self, batch: _Batch, limits: np.ndarray):
+        """Adaptive, on a device: the step's budget, planned while the drafter's passes run
+        (``Drafter``'s ``while_drafting``) when the look-ahead did not plan it. The plan
+        reads only recorded rounds (``AdaptiveVerifier.plan(..., ahead=True)``, as
+        ``_admit_adaptively`` would), for each decoding request drafting its limit;
+        ``_admit_adaptively`` takes it when the proposal holds exactly those drafts, and
+        plans again otherwise. Against planning after the proposal, the cost model lacks
+        only this proposal's time (``ObservedDraftCost.record``), as a plan ahead does."""
+        planned = self._planned
+        if (
+            not self.lookahead
+            or not getattr(self.drafter, "runs_host_work_while_drafting", False)
+            or (planned is not None and planned[0] == self._step_index)
+        ):
+            return None
+        num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
+        num_drafts[batch.decode_index] = limits
+        step = self._step_index
+
+        def plan() -> None:
+            start = time.perf_counter()
+            budget = self.verifier.plan(
+                batch.slots,
+                num_drafts,
+                batch.non_draft,
+                batch.num_sampling,
+                batch.context,
+                ahead=True,
+            )
+            self._planned = (step, num_drafts, budget, False)
+            self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
+
+        return plan
 
     def _tokens_left(self, request: Request) -> int:
         """Tokens the request may still emit (its max_tokens, the model's length)."""
@@ -625,7 +670,7 @@ class LLMEngine:
             depth, self.verifier.probe_depth = ahead[2], ahead[3]
             self.stats.lookahead_hits += 1
             if depth:
-                self._planned = (self._step_index, depth, ahead[4])
+                self._planned = (self._step_index, depth, ahead[4], True)
         elif ahead is not None and self._reuses(ahead[1], batch.slots[batch.decode_index]):
             depth, self.verifier.probe_depth = ahead[2], ahead[3]
             self.stats.lookahead_reused += 1
@@ -747,16 +792,19 @@ class LLMEngine:
         ahead = (
             planned is not None
             and planned[0] == self._step_index
-            and (num_drafts == planned[1]).all()  # every request decodes, that deep
+            and (num_drafts == planned[1]).all()  # the drafts the plan assumed
         )
         # Only requests with drafts have confidences to record (one at its length limit, or
         # not yet ready to draft, proposed none: no round of its own).
         drafted = num_drafts[decode_index] > 0
         if ahead:
-            # Planned during the last forward from the rounds recorded then, which this
-            # round turns stale.
+            # Planned during the last forward or while the drafter ran, from the rounds
+            # recorded then, which this round turns stale.
             budget = planned[2]
-            self.stats.lookahead_plans += 1
+            if planned[3]:
+                self.stats.lookahead_plans += 1
+            else:
+                self.stats.drafting_plans += 1
         else:
             # Planned before this round is recorded, from what its record turns stale
             # (``plan(..., ahead=True)``: the same budget as recording first).

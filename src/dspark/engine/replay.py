@@ -25,7 +25,7 @@ random weights but costs what it costs.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -199,8 +199,20 @@ class ReplayDrafter:
             trace.confidences[:, : self.num_positions].copy()
         )
 
-    def propose(self, requests: Sequence[Request], max_drafts: np.ndarray) -> Proposal:
-        proposal = self.inner.propose(requests, max_drafts)
+    @property
+    def runs_host_work_while_drafting(self) -> bool:
+        return getattr(self.inner, "runs_host_work_while_drafting", False)
+
+    def propose(
+        self,
+        requests: Sequence[Request],
+        max_drafts: np.ndarray,
+        while_drafting: Callable[[], None] | None = None,
+    ) -> Proposal:
+        if while_drafting is None:
+            proposal = self.inner.propose(requests, max_drafts)
+        else:
+            proposal = self.inner.propose(requests, max_drafts, while_drafting=while_drafting)
         rounds = self.rounds_for(requests)
         for request, index in zip(requests, rounds, strict=True):
             self._pending[request.request_id] = int(self.trace.accepted[index])

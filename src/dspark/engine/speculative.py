@@ -40,7 +40,11 @@ class Drafter(Protocol):
     states also has ``capture_layers`` (target layers whose outputs it wants) and
     ``observe(requests, starts, counts, features)``, which the engine calls after every
     forward with those layers' outputs for the positions each request kept
-    (``dspark.engine.drafter.DSparkDrafter``)."""
+    (``dspark.engine.drafter.DSparkDrafter``). A drafter whose proposal runs on a device
+    may also take ``propose(..., while_drafting=fn)``, and says so with
+    ``runs_host_work_while_drafting = True``: it calls ``fn()`` once, after queueing the
+    proposal's device work and before waiting for it, so that the engine's host work
+    (``LLMEngine._draft``: the step's budget) overlaps the drafter's passes."""
 
     num_positions: int  # K, the most drafts proposed per request
 

@@ -46,12 +46,17 @@ stands for the spread of this round's fresh ones, which the allocation ranks: it
 as the seed keeps it. Their mean over the batch is one more round of the batch's level,
 which predicts the coming round's level only as far as rounds predict each other: it is
 shrunk towards the population's by ``predictiveness``, like ``drafting_pays``' rows
-(``_shrink_batch_level``). At one request there is no spread, so the budget is planned from the
-request's predicted survival; at hundreds the batch mean sits near the population's and
-the plan is the seed's. Without it, a lone request whose last round happened to look poor
-had its drafts cut after the drafter had already run them (the 8B shape at one request,
-independent replayed rounds: a budget of 3 or 1 in one step of six, each emitting about
-one token fewer than a full verify, for a step only 3% cheaper).
+(``_shrink_batch_level``), by scaling each position's rows, so that their ratios stay and
+no survival reaches 0 that was not 0. (Shifting them instead drove the rows below a
+lucky batch's mean to 0, and the smallest best budget left those slots out even where
+verifying them cost nothing: the 8B shape at 4 requests, replayed rounds, a verify as
+dear at 12 tokens as at 32, had 36 of 74 budgets cut; ``scripts/shrink_sim.py``.) At
+one request there is no spread, so the budget is planned from the request's predicted
+survival; at hundreds the batch mean sits near the population's and the plan is the
+seed's. Without it, a lone request whose last round happened to look poor had its drafts
+cut after the drafter had already run them (the 8B shape at one request, independent
+replayed rounds: a budget of 3 or 1 in one step of six, each emitting about one token
+fewer than a full verify, for a step only 3% cheaper).
 
 A step that carries a prompt chunk besides its decodes is priced as if the chunk were not
 there: the drafts' cost is their marginal one (the target's cost of the chunk's tokens
@@ -407,23 +412,27 @@ class AdaptiveVerifier:
 
 
 def _shrink_batch_level(rows: np.ndarray, population: np.ndarray, weight: float) -> None:
-    """In place, ``[n, K]`` survival rows: move their mean over the batch (per position)
-    ``1 - weight`` of the way to ``population``, keeping each row's deviation from that
-    mean, clipped to [0, 1]. Rows of the seed's prior (a request with no round recorded:
-    every survival 1.0, which for a non-increasing row means its last one is) stay as
-    they are and count in no mean."""
+    """In place, ``[n, K]`` survival rows: scale each position's rows so that their mean
+    over the batch moves ``1 - weight`` of the way to ``population`` (ratios between rows
+    kept; a position whose rows are all 0 takes the new mean), clipped at 1. Rows of the
+    seed's prior (a request with no round recorded: every survival 1.0, which for a
+    non-increasing row means its last one is) stay as they are and count in no mean."""
     is_prior = rows[:, -1] == 1.0
     num_prior = int(np.count_nonzero(is_prior))
     if num_prior == rows.shape[0]:
         return
     measured = rows[~is_prior] if num_prior else rows
     num_measured = measured.shape[0]
-    shift = np.ones(num_measured) @ measured  # per-position sums (a matrix-vector product:
-    shift /= num_measured  # several times faster than a reduction along the long axis)
-    shift -= population
-    shift *= 1.0 - weight
-    measured -= shift
-    np.maximum(measured, 0.0, out=measured)
+    mean = np.ones(num_measured) @ measured  # per-position sums (a matrix-vector product:
+    mean /= num_measured  # several times faster than a reduction along the long axis)
+    target = population - weight * population
+    target += weight * mean
+    empty = mean == 0.0
+    if empty.any():  # nothing to scale: every row takes the new mean
+        measured[:, empty] = target[empty]
+        mean[empty] = target[empty] = 1.0
+    target /= mean
+    measured *= target
     np.minimum(measured, 1.0, out=measured)
     if num_prior:
         rows[~is_prior] = measured
