@@ -181,6 +181,10 @@ def main() -> None:
             engine.stats.__init__()
             log = []
             traced(engine, log)
+            target = engine.graphs
+            target_runs = target.num_runs if target is not None else 0
+            target_covered = target.num_covered if target is not None else 0
+            target_padding = target.covered_tokens if target is not None else 0
             profiler = None
             if os.environ.get("PROFILE") and repeat == 0:  # host hotspots, first repeat
                 profiler = cProfile.Profile()
@@ -224,6 +228,14 @@ def main() -> None:
                 ],
             )
             stats = engine.stats
+            if engine.graphs is not None:
+                runs = engine.graphs.num_runs - target_runs
+                covered = engine.graphs.num_covered - target_covered
+                extra = engine.graphs.covered_tokens - target_padding
+                print(
+                    f"  target steps that replayed a larger captured shape: {covered} of "
+                    f"{runs} (padding tokens {extra / max(covered, 1):.1f} each)"
+                )
 
             def med(values):
                 return float(np.median(values)) if values else 0.0

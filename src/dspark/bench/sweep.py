@@ -82,6 +82,9 @@ class Measurement:
     graph_captures: int = 0  # CUDA graphs captured while measuring (after the warm-up)
     capture_s: float = 0.0  # host seconds those captures took
     capture_steps: int = 0  # steps that captured a graph while measuring
+    # Target steps that replayed a larger captured shape than their own while measuring
+    # (``dspark.engine.graphs.CaptureLedger``): they cost what that shape costs.
+    covered_steps: int = 0
     tok_s_wall: float = 0.0  # generated tokens over the whole wall time, captures included
     undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
     gate_vetoes: int = 0  # adaptive: of those, the throughput gate's (the model drafted)
@@ -134,8 +137,11 @@ def measure(
     closed_loop(engine, warmup or prompts[:1], warm, concurrency)
     engine.stats.__init__()
     captures, capture_s = engine.num_captures(), engine.capture_seconds()
+    covered = engine.graphs.num_covered if engine.graphs is not None else 0
     finished, seconds = closed_loop(engine, prompts, params, concurrency)
     capture_s = engine.capture_seconds() - capture_s
+    if engine.graphs is not None:
+        covered = engine.graphs.num_covered - covered
     stats = engine.stats
     steady_s = seconds - capture_s
     failed = [r for r in finished if r.error]
@@ -168,6 +174,7 @@ def measure(
         graph_captures=engine.num_captures() - captures,
         capture_s=capture_s,
         capture_steps=stats.capture_steps,
+        covered_steps=covered,
         tok_s_wall=tokens / seconds,
         undrafted_steps=stats.undrafted_steps,
         gate_vetoes=stats.gate_vetoes,
@@ -377,6 +384,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "graph_captures",
         "capture_s",
         "capture_steps",
+        "covered_steps",
         "tok_s_wall",
         "undrafted_steps",
         "gate_vetoes",

@@ -265,6 +265,10 @@ class PaddedStepRunner:
         # engine that captures ahead, met mid-run here because capture is lazy.
         self.capture_seconds = 0.0
         self.num_runs = 0  # padded steps run (replayed or eager)
+        # Steps that replayed a larger captured shape than their own (``CaptureLedger``),
+        # and the padding tokens that added: such a step costs what its cover costs.
+        self.num_covered = 0
+        self.covered_tokens = 0
         # The staging layout of the largest shape, whose block tables are capped by the
         # most key rows a padded step may gather (larger steps run eagerly).
         t, r = self.token_sizes[-1], self.piece_sizes[-1]
@@ -409,7 +413,10 @@ class PaddedStepRunner:
         if shape is None:
             raise ValueError("this step is larger than the largest captured shape")
         if self.capture and not self.exact_shapes:
-            shape = self.ledger.choose(shape, self.graphs)
+            own, shape = shape, self.ledger.choose(shape, self.graphs)
+            if shape != own:
+                self.num_covered += 1
+                self.covered_tokens += shape.num_tokens - own.num_tokens
         used = self.stage(shape, tables, num_cached, num_query, ids, causal)
         self.num_runs += 1
         self.buffer[:used].copy_(self.staging[:used], non_blocking=self.capture)
