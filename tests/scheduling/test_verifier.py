@@ -446,6 +446,21 @@ def test_the_plan_keeps_the_batch_spread_and_shrinks_its_mean(data):
     assert budget == _brute_force_budget(rows, n, tables)
 
 
+def test_the_batch_level_shrink_by_hand():
+    """Each position's rows scaled so that their mean moves ``1 - weight`` of the way to
+    the population's; a position whose rows are all 0 takes that mean; clipped at 1; a
+    row of the prior (all 1.0) neither moves nor counts."""
+    from dspark.scheduling.verifier import _shrink_batch_level
+
+    rows = np.array([[0.5, 0.0], [0.3, 0.0], [1.0, 1.0]])
+    _shrink_batch_level(rows, np.array([0.6, 0.2]), 0.5)
+    # Means over the first two rows 0.4 and 0; targets 0.5 and 0.1: x1.25, then 0.1.
+    np.testing.assert_allclose(rows, [[0.625, 0.1], [0.375, 0.1], [1.0, 1.0]])
+    rows = np.array([[0.9], [0.1]])
+    _shrink_batch_level(rows, np.array([0.9]), 0.0)  # mean 0.5 to 0.9: x1.8, clipped
+    np.testing.assert_allclose(rows, [[1.0], [0.18]])
+
+
 def test_the_shrunk_plan_never_drops_a_draft_that_costs_nothing():
     """Independent rounds (predictiveness near 0), a verify that costs the same for every
     draft count, and a lucky stale batch (its mean far above the population's): each

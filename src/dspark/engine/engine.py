@@ -598,7 +598,9 @@ class LLMEngine:
         ``_admit_adaptively`` would), for each decoding request drafting its limit;
         ``_admit_adaptively`` takes it when the proposal holds exactly those drafts, and
         plans again otherwise. Against planning after the proposal, the cost model lacks
-        only this proposal's time (``ObservedDraftCost.record``), as a plan ahead does."""
+        only this proposal's time (``ObservedDraftCost.record``), as a plan ahead does.
+        Its host time falls inside the proposal's measured time, hidden while the device
+        drafts for longer."""
         planned = self._planned
         if (
             not self.lookahead
