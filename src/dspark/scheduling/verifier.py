@@ -49,8 +49,9 @@ shrunk towards the population's by ``predictiveness``, like ``drafting_pays``' r
 (``_shrink_batch_level``), by scaling each position's rows, so that their ratios stay and
 no survival reaches 0 that was not 0. (Shifting them instead drove the rows below a
 lucky batch's mean to 0, and the smallest best budget left those slots out even where
-verifying them cost nothing: the 8B shape at 4 requests, replayed rounds, a verify as
-dear at 12 tokens as at 32, had 36 of 74 budgets cut; ``scripts/shrink_sim.py``.) At
+verifying them cost nothing: ``scripts/shrink_sim.py``, 16 requests drafting on
+independent published rounds with a flat verify cost, cut half the budgets that way, and
+none scaling.) At
 one request there is no spread, so the budget is planned from the request's predicted
 survival; at hundreds the batch mean sits near the population's and the plan is the
 seed's. Without it, a lone request whose last round happened to look poor had its drafts
