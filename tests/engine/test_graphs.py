@@ -250,3 +250,45 @@ def test_a_zero_padding_budget_captures_every_new_shape_at_once(tiny):
     for bad in (-1.0, float("nan")):
         with pytest.raises(ValueError, match="graph_padding_budget"):
             EngineConfig(graph_padding_budget=bad)
+
+
+def test_steps_replaying_a_cover_are_counted_with_their_padding(tiny, monkeypatch):
+    """A capturing runner (its capture faked on the CPU: the body runs where a graph would
+    replay) counts the steps the ledger sends to a larger captured shape, and the tokens
+    that pads; a step whose own shape is captured is not counted."""
+
+    class NoEvent:  # what the staging copy's CUDA event needs to do here: nothing
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Event", NoEvent)
+    cache = PagedKVCache(tiny.config, 64, 4, torch.float32)
+
+    def body(ids_t, positions_t, batch):
+        return tiny.model(ids_t, positions_t, batch, cache.layers)[0]
+
+    runner = PaddedStepRunner(body, cache, 64, 64, 64, capture=False)
+    runner.capture = True
+    runner._graph = lambda shape: body(*runner._inputs(shape))
+    tables = []
+    for _ in range(2):
+        table = BlockTable()
+        assert cache.reserve(table, 12)
+        tables.append(table)
+    num_cached, num_query = np.array([3, 5]), np.array([4, 2])  # 6 tokens, 2 pieces: (8, 2, 64)
+    own = runner.shape_for(num_cached, num_query)
+    assert own == StepShape(8, 2, 64)
+    cover = StepShape(16, 2, 64)
+    runner.graphs[cover] = None  # "captured"
+    ids = np.arange(10, 16)
+    with torch.inference_mode():
+        runner.run(tables, num_cached, num_query, ids)  # the ledger replays the cover
+        assert (runner.num_covered, runner.covered_tokens) == (1, 8)
+        runner.graphs[own] = None  # now its own shape is captured
+        runner.ledger.forget_covers()
+        runner.run(tables, num_cached, num_query, ids)
+    assert (runner.num_covered, runner.covered_tokens) == (1, 8)
+    assert runner.num_runs == 2
