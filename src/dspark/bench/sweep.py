@@ -412,7 +412,8 @@ def report(
         device = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
     header = (
         f"{'conc':>4} {'setting':>12} {'tok/s':>9} {'user tok/s':>10} {'TPOT p50':>9} "
-        f"{'TPOT p99':>9} {'accept':>6} {'verify':>6} {'step':>8} {'sched%':>6} {'capt':>9}"
+        f"{'TPOT p99':>9} {'accept':>6} {'verify':>6} {'step':>8} {'sched%':>6} {'capt':>9} "
+        f"{'cover':>5}"
     )
     print(header)
     for row in rows:
@@ -422,7 +423,7 @@ def report(
             f"{row['tpot_p99_ms']:>8.1f}ms {row['acceptance_length']:>6.2f} "
             f"{row['verified_per_round']:>6.2f} {row['step_ms']:>6.1f}ms "
             f"{100 * row['schedule_share']:>6.2f} {row['capture_steps']:>3.0f}/"
-            f"{row['capture_s']:>4.2f}s"
+            f"{row['capture_s']:>4.2f}s {row['covered_steps']:>5.0f}"
         )
     verdicts = compare(rows)
     for line in verdicts:
