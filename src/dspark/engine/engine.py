@@ -614,18 +614,22 @@ class LLMEngine:
 
         def plan() -> None:
             start = time.perf_counter()
-            budget = self.verifier.plan(
-                batch.slots,
-                num_drafts,
-                batch.non_draft,
-                batch.num_sampling,
-                batch.context,
-                ahead=True,
-            )
-            self._planned = (step, num_drafts, budget, False)
+            self._planned = (step, num_drafts, self._plan_budget(batch, num_drafts), False)
             self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
 
         return plan
+
+    def _plan_budget(self, batch: _Batch, num_drafts: np.ndarray) -> int:
+        """The step's budget before its round is recorded, from what that record turns
+        stale (``plan(..., ahead=True)``: the same budget as recording first)."""
+        return self.verifier.plan(
+            batch.slots,
+            num_drafts,
+            batch.non_draft,
+            batch.num_sampling,
+            batch.context,
+            ahead=True,
+        )
 
     def _tokens_left(self, request: Request) -> int:
         """Tokens the request may still emit (its max_tokens, the model's length)."""
@@ -808,16 +812,7 @@ class LLMEngine:
             else:
                 self.stats.drafting_plans += 1
         else:
-            # Planned before this round is recorded, from what its record turns stale
-            # (``plan(..., ahead=True)``: the same budget as recording first).
-            budget = self.verifier.plan(
-                batch.slots,
-                num_drafts,
-                batch.non_draft,
-                batch.num_sampling,
-                batch.context,
-                ahead=True,
-            )
+            budget = self._plan_budget(batch, num_drafts)
         if drafted.any():
             round_ = (batch.slots[decode_index[drafted]], rows[drafted])
             if self.lookahead:
