@@ -7,6 +7,7 @@ from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.engine.llm import RequestOutput
 from dspark.engine.request import PromptTooLongError
 from dspark.engine.sampling import SamplingParams
+from dspark.scheduling.gate import DECLINED, DRAFTED
 from tests.conftest import make_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -362,7 +363,7 @@ class ScriptedGate:
     def should_probe(self, num_reqs, mixed=False):
         return False  # the pattern alone decides
 
-    def record(self, num_reqs, drafted, tokens, wall_ms, mixed=False):
+    def record(self, num_reqs, drafted, tokens, wall_ms, mixed=False, declined=False):
         pass
 
 
@@ -472,6 +473,10 @@ def test_probes_draft_where_the_model_declines_and_stay_lossless(tiny):
     assert stats.probes >= 1 and stats.gate_vetoes == 0
     assert sum(n for depth, n in stats.depth_steps.items() if depth) == stats.probes
     assert stats.undrafted_steps == stats.depth_steps[0]
+    # The gate measures the probes apart from drafted steps the cost model chose (none).
+    buckets = engine.gate._buckets.values()
+    assert all(not bucket.samples[DRAFTED] for bucket in buckets)
+    assert 1 <= sum(len(bucket.samples[DECLINED]) for bucket in buckets) <= stats.probes
 
 
 class CountingGate(ScriptedGate):
@@ -479,7 +484,7 @@ class CountingGate(ScriptedGate):
         super().__init__([True])
         self.records = []
 
-    def record(self, num_reqs, drafted, tokens, wall_ms, mixed=False):
+    def record(self, num_reqs, drafted, tokens, wall_ms, mixed=False, declined=False):
         self.records.append((num_reqs, drafted, tokens, mixed))
 
 

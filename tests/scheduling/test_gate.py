@@ -256,14 +256,41 @@ def test_an_overruling_lead_fades_when_drafting_the_declined_steps_does_not_pay(
     for _ in range(40):
         choices.append(gate.should_probe(1))
         if choices[-1]:
-            gate.record(1, True, 5, 10.0)  # the declined steps, drafted: 0.5 tokens/ms
+            gate.record(1, True, 5, 10.0, declined=True)  # drafted anyway: 0.5 tokens/ms
         else:
             gate.record(1, False, 10, 10.0)
-    # By hand: with j of the 8 drafted samples at 0.5 tokens/ms the lower bound is 3.0,
-    # 2.5, 2.0, 1.6, 1.2, then 0.8 at j = 6, under the undrafted 1.0: six overruled
-    # steps, then the cost model's declines stand, but for the first backed-off probe
-    # (the 32nd declined step).
-    assert choices == [True] * 6 + [False] * 31 + [True] + [False] * 2
+    # By hand: until min_steps = 2 declined steps are drafted, the chosen ones stand in
+    # (lower bound 4 - sqrt((4 x 80 / 8)^2) / 80 = 3.5 > 1.0): two overruled steps. Then
+    # the declined arm decides: 0.5 - sqrt((0.5 x 20 / 2)^2) / 20 = 0.25, under the
+    # undrafted 1.0, so the cost model's declines stand, but for the first backed-off
+    # probe (the 32nd declined step).
+    assert choices == [True] * 2 + [False] * 31 + [True] + [False] * 6
+    # The chosen drafted steps keep their own figure: drafting where the cost model
+    # chooses to is still taken.
+    assert gate.rates(1) == (4.0, 1.0)
+    assert gate.should_draft(1)
+
+
+def test_probes_of_poor_steps_do_not_veto_the_steps_the_cost_model_chooses():
+    """Chosen drafted steps emit 36 tokens per 100 ms, probes (drafted where the cost
+    model declined) 25, undrafted steps 10 per 38 ms (0.263 tokens/ms). In one drafted
+    window the last 16 steps, all probes, would put drafting at 0.25, under the undrafted
+    figure, and veto every chosen step (SmolLM2 at one request on an H200: runs of up to
+    31 vetoes). Measured apart, the chosen steps' 0.36 stands whatever the probes do."""
+    gate = ThroughputGate(explore_every=32, window=16, min_steps=3)
+    for _ in range(16):
+        gate.record(1, True, 36, 100.0)
+        gate.record(1, False, 10, 38.0)
+    for _ in range(16):
+        gate.record(1, True, 25, 100.0, declined=True)
+    assert gate.rates(1) == (pytest.approx(0.36), pytest.approx(10 / 38))
+    choices = [gate.should_draft(1) for _ in range(31)]
+    assert choices == [True] * 31
+    # The probes' own figure, under the undrafted one, keeps declined steps undrafted
+    # (no overruling): only the backed-off probe schedule drafts them.
+    assert [gate.should_probe(1) for _ in range(32)] == [False] * 31 + [True]
+    with pytest.raises(ValueError, match="undrafted step"):
+        gate.record(1, False, 10, 38.0, declined=True)
 
 
 def test_close_rates_do_not_overrule_the_cost_model():

@@ -274,6 +274,7 @@ class LLMEngine:
         # Adaptive: this step's (requests, non-draft tokens, drafting depth, context), for
         # the gate and a cost model that learn from whole steps, and for held-back upkeep.
         self._priced_step: tuple[int, int, int, int] | None = None
+        self._overruled = False  # this step drafts although the cost model declined
         self._deferred: list[tuple[list, torch.Tensor]] = []  # held-back context updates
         self._flush_ms = 0.0
         # Adaptive: (step it is for, slots, depth, probe depth, budget or None) decided
@@ -432,6 +433,7 @@ class LLMEngine:
         phase = step_start = time.perf_counter()
         generated, captures = self.stats.num_generated, self.num_captures()
         self._priced_step = None
+        self._overruled = False
         self._flush_ms = 0.0  # held-back upkeep run in this step (other steps' work)
         self._unrecorded = None  # recorded in every forward; left only by a failed step
         drafts, draft_probs = self._draft(chunks)
@@ -479,7 +481,7 @@ class LLMEngine:
             mixed = num_tokens != num_reqs
             if self.gate is not None:
                 tokens = self.stats.num_generated - generated
-                self.gate.record(num_reqs, depth > 0, tokens, wall_ms, mixed)
+                self.gate.record(num_reqs, depth > 0, tokens, wall_ms, mixed, self._overruled)
             record_step = getattr(self.verifier.cost_model, "record_step", None)
             if record_step is not None and not mixed:
                 admitted = sum(len(extra) for extra in drafts)
@@ -694,6 +696,7 @@ class LLMEngine:
         elif not depth and self.gate is not None and self.gate.should_probe(num_reqs, mixed):
             depth = self.verifier.probe_depth  # keep the price of drafting measured
             self.stats.probes += bool(depth)
+            self._overruled = bool(depth)
         self.stats.depth_steps[depth] += 1
         self._priced_step = (num_reqs, num_tokens, depth, batch.context)
         if depth == 0:

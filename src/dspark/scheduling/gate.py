@@ -38,7 +38,10 @@ model declines drafting, the gate is asked ``should_probe`` instead: where draft
 without a prompt chunk measure clearly faster it has the step drafted (so measurement
 overrules the cost model either way, but for a decline in a step with a prompt chunk,
 whose rates mix in the chunk's cost), and otherwise now and then, so that a cost model
-that priced drafting out on a few bad steps measures it again.
+that priced drafting out on a few bad steps measures it again. Drafted steps the cost
+model declined are measured in an arm of their own: they answer whether drafting the
+declined steps pays, and mixed with the chosen ones they would make drafting look worse
+than it is where the cost model chooses well (``record``).
 The decisions read past steps' timings and token counts only, never the drafts of the
 step they decide, so sampling stays lossless (see ``AdaptiveVerifier``).
 """
@@ -48,7 +51,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-DRAFTED, UNDRAFTED = 0, 1
+DRAFTED, UNDRAFTED, DECLINED = 0, 1, 2
+"""The arms a bucket measures: drafted steps the cost model chose, undrafted steps, and
+drafted steps the cost model declined (probes and overrules, ``ThroughputGate.record``)."""
 
 CLEAR_LEAD = 1.5
 UNDRAFTED_BACKOFF = 4
@@ -66,14 +71,14 @@ is explored at the full rate: its figure moves with acceptance, which can recove
 class _Bucket:
     window: int
     smallest: int = 1  # the smallest batch size of the bucket (a power of two)
-    samples: tuple[deque, deque] = field(init=False)  # (tokens, wall ms) per arm
+    samples: tuple[deque, deque, deque] = field(init=False)  # (tokens, wall ms) per arm
     decisions: int = 0
     declined: int = 0  # steps the cost model left undrafted since the last probe
     overruled: int = 0  # steps the cost model left undrafted that the gate drafted
     probes_in_a_row: int = 0  # probes since the cost model last drafted on its own
 
     def __post_init__(self) -> None:
-        self.samples = (deque(maxlen=self.window), deque(maxlen=self.window))
+        self.samples = tuple(deque(maxlen=self.window) for _ in (DRAFTED, UNDRAFTED, DECLINED))
 
     def rate(self, arm: int) -> float | None:
         steps = self.samples[arm]
@@ -94,12 +99,12 @@ class _Bucket:
     def rate_and_error(self, arm: int) -> tuple[float, float]:
         """The arm's rate and its standard error: the ratio of sums' delta-method error,
         ``sqrt(Σ (tokens - rate · wall)²) / Σ wall`` over the window's steps (the
-        drafted arm with one pseudo-step more)."""
+        drafted arms with one pseudo-step more)."""
         steps = self.samples[arm]
         total_wall = sum(wall for _, wall in steps)
         rate = sum(tokens for tokens, _ in steps) / total_wall
         squares = sum((tokens - rate * wall) ** 2 for tokens, wall in steps)
-        if arm == DRAFTED:
+        if arm != UNDRAFTED:
             # Drafted steps' token counts vary by design: a few that happen to agree do
             # not make the figure certain. One pseudo-step stands for the spread not seen
             # yet: as far from the rate as the rate itself for one request, and for n
@@ -199,11 +204,12 @@ class ThroughputGate:
         nearest measured neighbour's) drafted steps emit clearly more tokens per ms than
         its undrafted ones (drafted rate less ``confidence`` standard errors above the
         undrafted rate plus as many), the step is drafted, except one in
-        ``explore_every`` (the undrafted figure stays current). The steps so drafted are
-        measured like any other, so a lead that came from steps the cost model picked
-        (drafted when their confidences looked good) fades within a window if drafting
-        the rest does not pay. (SmolLM2 at one request on an H200: the cost model
-        declined 192 and 388 of about 330-420 steps whose drafted steps measured 0.34-0.40
+        ``explore_every`` (the undrafted figure stays current). The lead that starts it
+        comes from steps the cost model picked (drafted when their confidences looked
+        good); the declined steps so drafted are measured apart (``record``), and once
+        ``min_steps`` of them are, their own lower bound decides, so the overruling stops
+        within a few steps if drafting the declined ones does not pay. (SmolLM2 at one
+        request on an H200: the cost model declined 192 and 388 of about 330-420 steps whose drafted steps measured 0.34-0.40
         tokens/ms against 0.26-0.27 undrafted.) Steps with a prompt chunk are never
         overruled: their rates mix in the chunk's cost, which varies from step to step
         (SmolLM2 on the 2-core CPU at 16 requests: drafted ones carried chunks of 22-105
@@ -218,11 +224,13 @@ class ThroughputGate:
         its own resets it."""
         state = self._get(num_reqs, mixed)
         judged = None if mixed else self._judged(state, num_reqs, mixed)
-        if judged is not None and judged.lower_bound(DRAFTED, self.confidence) > (
-            judged.upper_bound(UNDRAFTED, self.confidence)
-        ):
-            state.overruled += 1
-            return state.overruled % self.explore_every != 0
+        if judged is not None:
+            # Until a few declined steps were drafted, the chosen ones stand in for them.
+            arm = DECLINED if len(judged.samples[DECLINED]) >= self.min_steps else DRAFTED
+            lead = judged.lower_bound(arm, self.confidence)
+            if lead > judged.upper_bound(UNDRAFTED, self.confidence):
+                state.overruled += 1
+                return state.overruled % self.explore_every != 0
         state.declined += 1
         wait = self.explore_every << state.probes_in_a_row
         if state.declined < wait:
@@ -232,15 +240,29 @@ class ThroughputGate:
         return True
 
     def record(
-        self, num_reqs: int, drafted: bool, tokens: int, wall_ms: float, mixed: bool = False
+        self,
+        num_reqs: int,
+        drafted: bool,
+        tokens: int,
+        wall_ms: float,
+        mixed: bool = False,
+        declined: bool = False,
     ) -> None:
         """A step of ``num_reqs`` requests (``mixed``: one or more of them a prompt chunk)
-        emitted ``tokens`` in ``wall_ms``."""
+        emitted ``tokens`` in ``wall_ms``; ``declined``: a drafted step that the cost
+        model had declined (``should_probe`` drafted it), measured apart from those it
+        chose. The two differ by selection: the cost model drafts where confidences look
+        good and declines where they look poor, so a window that mixed them would judge
+        the next chosen step by probes of poor ones (SmolLM2 at one request on an H200:
+        chosen steps 0.363 tokens/ms, probes 0.251, undrafted 0.262; mixed, the drafted
+        figure fell to 0.249 and vetoed 268 chosen steps of 2,068, in runs of up to 31)."""
         if not wall_ms > 0.0 or tokens < 0:
             raise ValueError(
                 f"need a positive wall time and a token count >= 0, got {wall_ms} ms, {tokens}"
             )
-        arm = DRAFTED if drafted else UNDRAFTED
+        if declined and not drafted:
+            raise ValueError("an undrafted step cannot be a declined step drafted anyway")
+        arm = (DECLINED if declined else DRAFTED) if drafted else UNDRAFTED
         state = self._get(num_reqs, mixed)
         state.samples[arm].append((tokens, wall_ms))
 
