@@ -137,11 +137,11 @@ def summarise(log):
     if vetoes:
         drafted = [e["figures"][0] for e in vetoes if e["figures"][0]]
         undrafted = [e["figures"][1] for e in vetoes if e["figures"][1]]
+        d_rate, d_err = np.median(drafted, axis=0)
+        u_rate, u_err = np.median(undrafted, axis=0)
         print(
-            "at vetoes, gate's drafted rate median "
-            f"{np.median([d[0] for d in drafted]):.3f} (error {np.median([d[1] for d in drafted]):.3f}),"
-            f" undrafted {np.median([u[0] for u in undrafted]):.3f}"
-            f" (error {np.median([u[1] for u in undrafted]):.3f})"
+            f"at vetoes, gate's drafted rate median {d_rate:.3f} (error {d_err:.3f}), "
+            f"undrafted {u_rate:.3f} (error {u_err:.3f})"
         )
     # Runs of vetoes: how long the gate stays off once it turns drafting off.
     runs, run = [], 0
@@ -203,7 +203,8 @@ def main() -> None:
     instrument(engine, log)
     finished, seconds = closed_loop(engine, prompts[count:], params, concurrency)
     tokens = sum(len(r.output_ids) for r in finished)
-    print(f"adaptive c{concurrency}: {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.1f} tok/s)")
+    rate = tokens / seconds
+    print(f"adaptive c{concurrency}: {tokens} tokens in {seconds:.2f} s ({rate:.1f} tok/s)")
     summarise(log)
     with open(out_path, "w") as f:
         json.dump(log, f)

@@ -209,8 +209,9 @@ class ThroughputGate:
         good); the declined steps so drafted are measured apart (``record``), and once
         ``min_steps`` of them are, their own lower bound decides, so the overruling stops
         within a few steps if drafting the declined ones does not pay. (SmolLM2 at one
-        request on an H200: the cost model declined 192 and 388 of about 330-420 steps whose drafted steps measured 0.34-0.40
-        tokens/ms against 0.26-0.27 undrafted.) Steps with a prompt chunk are never
+        request on an H200: the cost model declined 192 and 388 of about 330-420 steps
+        whose drafted steps measured 0.34-0.40 tokens/ms against 0.26-0.27 undrafted.)
+        Steps with a prompt chunk are never
         overruled: their rates mix in the chunk's cost, which varies from step to step
         (SmolLM2 on the 2-core CPU at 16 requests: drafted ones carried chunks of 22-105
         tokens and measured 0.055 tokens/ms, undrafted ones chunks of 158-464 and 0.024),
