@@ -366,9 +366,6 @@ class ScriptedGate:
     def record(self, num_reqs, drafted, tokens, wall_ms, mixed=False, declined=False):
         pass
 
-    def forget_drafted(self, num_reqs, mixed=False):
-        pass
-
 
 @pytest.mark.parametrize("pattern", [[True, False, False], [False] * 34 + [True] * 6])
 def test_deferred_drafter_upkeep_drafts_exactly_as_eager_upkeep(tmp_path, pattern):
@@ -480,32 +477,6 @@ def test_probes_draft_where_the_model_declines_and_stay_lossless(tiny):
     buckets = engine.gate._buckets.values()
     assert all(not bucket.samples[DRAFTED] for bucket in buckets)
     assert 1 <= sum(len(bucket.samples[DECLINED]) for bucket in buckets) <= stats.probes
-
-
-class ForgettingGate(ScriptedGate):
-    def __init__(self):
-        super().__init__([True, False])
-        self.forgotten = []
-
-    def forget_drafted(self, num_reqs, mixed=False):
-        self.forgotten.append(num_reqs)
-
-
-def test_the_gate_forgets_drafted_figures_when_another_request_is_alone(tiny):
-    """One request at a time: each is alone in its decoding steps, and the gate's drafted
-    figures of a batch of one are forgotten once per request (not per step)."""
-    engine = LLMEngine(
-        tiny,
-        EngineConfig(spec="adaptive", num_drafts=3, max_num_seqs=1),
-        cost_model=CheapCost(2),
-    )
-    engine.gate = gate = ForgettingGate()
-    for prompt in repetitive_prompts(3):
-        engine.add_request(prompt, GREEDY)
-    while engine.has_unfinished():
-        engine.step()
-    assert gate.forgotten == [1, 1, 1]
-    assert engine.stats.num_decode_rounds > 3
 
 
 class CountingGate(ScriptedGate):

@@ -316,25 +316,3 @@ def test_the_drafted_arms_unseen_spread_shrinks_with_the_batch():
         choices[num_reqs] = [gate.should_draft(num_reqs) for _ in range(32)]
     assert choices[1] == [True] * 31 + [False]
     assert choices[64] == [False] * 31 + [True]
-
-
-def test_forgetting_a_batch_of_ones_drafted_figures_measures_drafting_again():
-    gate = ThroughputGate(explore_every=32, window=16, min_steps=3)
-    for _ in range(16):
-        gate.record(1, True, 2, 10.0)  # a poor request's drafted steps: 0.2 tokens/ms
-        gate.record(1, True, 2, 10.0, declined=True)
-        gate.record(1, False, 1, 4.0)  # undrafted: 0.25
-        gate.record(4, True, 40, 10.0)  # another bucket, and steps with a prompt chunk
-        gate.record(1, True, 2, 10.0, mixed=True)
-    assert [gate.should_draft(1) for _ in range(3)] == [False] * 3
-    gate.forget_drafted(1)
-    bucket = gate._get(1, False)
-    assert not bucket.samples[0] and not bucket.samples[2] and len(bucket.samples[1]) == 16
-    assert gate.rates(1, mixed=True)[0] == 0.2 and gate.rates(4)[0] == 4.0
-    # Unmeasured now, the bucket follows its nearest measured neighbour of the same kind
-    # (4 requests: drafting far ahead) until it has min_steps drafted steps of its own.
-    assert gate.should_draft(1)
-    for _ in range(3):
-        gate.record(1, True, 4, 10.0)  # the new request drafts well: 0.4 tokens/ms
-    assert gate.rates(1) == (0.4, 0.25)
-    assert all(gate.should_draft(1) for _ in range(20))

@@ -275,7 +275,6 @@ class LLMEngine:
         # the gate and a cost model that learn from whole steps, and for held-back upkeep.
         self._priced_step: tuple[int, int, int, int] | None = None
         self._overruled = False  # this step drafts although the cost model declined
-        self._alone: str | None = None  # the request of the last batch of one (the gate's)
         self._deferred: list[tuple[list, torch.Tensor]] = []  # held-back context updates
         self._flush_ms = 0.0
         # Adaptive: (step it is for, slots, depth, probe depth, budget or None) decided
@@ -555,11 +554,6 @@ class LLMEngine:
         limits = np.array([self._draft_limit(chunks[i]) for i in decode_index])
         batch = None
         if self.verifier is not None:
-            if self.gate is not None and len(chunks) == 1:
-                request_id = chunks[0].request.request_id
-                if request_id != self._alone:  # another request alone: its own figures
-                    self._alone = request_id
-                    self.gate.forget_drafted(1)
             batch = self._batch_shape(chunks, decode_index)
             depth = self._drafting_depth(batch, limits)
             if depth == 0:

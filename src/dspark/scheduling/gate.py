@@ -267,20 +267,6 @@ class ThroughputGate:
         state = self._get(num_reqs, mixed)
         state.samples[arm].append((tokens, wall_ms))
 
-    def forget_drafted(self, num_reqs: int, mixed: bool = False) -> None:
-        """Drop the drafted figures (chosen and declined) of ``num_reqs``'s bucket; the
-        engine calls it for a batch of one when another request is alone. A drafted step
-        of one request emits what that request's drafts earn, so a previous request's
-        figure says little about the next one's, and one that fell behind is re-measured
-        only once per ``explore_every`` decisions, a sample at a time: SmolLM2 at one
-        request on an H200 (chosen and declined apart) still vetoed 210 of 1,979 steps
-        the cost model drafted, in runs of up to 31, on a figure of 0.22 tokens/ms where
-        the chosen steps averaged 0.36. Without figures of its own the bucket follows
-        its nearest measured neighbour, else drafts ``min_steps`` times first."""
-        state = self._get(num_reqs, mixed)
-        state.samples[DRAFTED].clear()
-        state.samples[DECLINED].clear()
-
     def rates(self, num_reqs: int, mixed: bool = False) -> tuple[float | None, float | None]:
         """(drafted, undrafted) tokens per ms measured for this batch size's bucket."""
         state = self._buckets.get(self._key(num_reqs, mixed))
