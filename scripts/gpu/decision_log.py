@@ -11,6 +11,7 @@ the cost model's declines against what the same request's next drafted round gav
 and writes the log as JSON.
 
     MODEL=path.gguf PYTHONPATH=src python3 scripts/gpu/decision_log.py CONC REQUESTS TOKENS OUT.json
+    python3 scripts/gpu/decision_log.py --summarise OUT.json   # again, from a saved log
 
 ``DEVICE=cpu`` runs on the CPU (fp32).
 """
@@ -183,9 +184,47 @@ def summarise(log):
             )
     depth = Counter(e["depth"] for e in steps)
     print("depths run:", dict(sorted(depth.items())))
+    if all(len(e["slots"]) == 1 for e in steps):
+        print_by_request(steps)
+
+
+PATH_MARKS = {
+    "model yes, gate yes": "D",
+    "model yes, gate veto": "v",
+    "model no, undrafted": ".",
+    "model no, gate drafts": "p",
+}
+
+
+def print_by_request(steps):
+    """One request at a time: each request's decisions in order (D drafted as the cost
+    model chose, v vetoed by the gate, . declined by the cost model, p declined but
+    drafted by the gate), its tokens per ms and its chosen drafted steps' tokens per ms.
+    A request starts where its slot has no recorded round yet."""
+    requests, current, before = [], [], False
+    for e in steps:
+        unrecorded = e["unrecorded"][0]
+        if unrecorded and not before and current:
+            requests.append(current)
+            current = []
+        current.append(e)
+        before = unrecorded
+    requests.append(current)
+    print(f"by request ({len(requests)}): steps, tokens/ms, chosen drafted steps' tokens/ms")
+    for steps_of in requests:
+        chosen = [e for e in steps_of if e["path"] == "model yes, gate yes"]
+        rate = sum(e["tokens"] for e in steps_of) / sum(e["wall"] for e in steps_of)
+        chosen_wall = sum(e["wall"] for e in chosen)
+        chosen_rate = sum(e["tokens"] for e in chosen) / chosen_wall if chosen else 0.0
+        marks = "".join(PATH_MARKS[e["path"]] for e in steps_of)
+        print(f"{len(steps_of):4d} {rate:.3f} {chosen_rate:.3f} {marks}")
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--summarise"]:  # a saved log
+        with open(sys.argv[2]) as f:
+            summarise(json.load(f))
+        return
     concurrency = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 12
     Args.max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 128
