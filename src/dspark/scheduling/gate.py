@@ -224,7 +224,13 @@ class ThroughputGate:
         doubles the wait for the next (up to 4x), and a step the cost model drafts on
         its own resets it."""
         state = self._get(num_reqs, mixed)
-        judged = None if mixed else self._judged(state, num_reqs, mixed)
+        judged = None
+        if not mixed:
+            own = state.samples
+            if min(len(own[DECLINED]), len(own[UNDRAFTED])) >= self.min_steps:
+                judged = state  # declined steps drafted and undrafted ones: enough to judge
+            else:  # a cost model that declines every step never fills the chosen arm
+                judged = self._judged(state, num_reqs, mixed)
         if judged is not None:
             # Until a few declined steps were drafted, the chosen ones stand in for them.
             arm = DECLINED if len(judged.samples[DECLINED]) >= self.min_steps else DRAFTED
