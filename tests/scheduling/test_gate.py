@@ -334,3 +334,35 @@ def test_declined_steps_that_measure_clearly_faster_overrule_a_cost_model_that_n
     # 1024 at one request: error sqrt(1032) / 20 = 1.61, lower bound 1.59 > 1.0.
     assert gate._get(1, False).lower_bound(2, 1.0) == pytest.approx(3.2 - 1032**0.5 / 20)
     assert [gate.should_probe(1) for _ in range(8)] == [True] * 7 + [False]
+
+
+def test_a_batch_of_one_re_measures_drafting_behind_four_times_as_often():
+    """One request's drafts decide a batch of one's drafted figure, and the next request
+    may draft far better: there the arm behind is explored every 32 // 4 = 8 decisions,
+    in larger batches every 32."""
+    for num_reqs, every in ((1, 8), (4, 32)):
+        gate = ThroughputGate(explore_every=32)
+        drive(gate, num_reqs, drafted_rate=2.0, undrafted_rate=5.0, steps=96)  # 3 x 32
+        # Nothing recorded from here on: the rates stay put and only exploration drafts.
+        choices = [gate.should_draft(num_reqs) for _ in range(64)]
+        explored = [97 + i for i, c in enumerate(choices) if c]
+        assert explored == [d for d in range(97, 161) if d % every == 0]
+
+
+def test_a_batch_of_one_recovers_from_a_poor_request_sooner():
+    """After a poor request (drafting 2 tokens/ms against 5 undrafted) the next drafts at
+    9: a batch of one has the drafted figure back above the undrafted one in under a
+    third of the decisions a batch of four needs (90 against 346)."""
+
+    def decisions_to_recover(num_reqs):
+        gate = ThroughputGate(explore_every=32)
+        drive(gate, num_reqs, drafted_rate=2.0, undrafted_rate=5.0, steps=200)
+        for step in range(1, 2000):
+            draft = gate.should_draft(num_reqs)
+            gate.record(num_reqs, draft, 100, 100 / (9.0 if draft else 5.0))
+            if draft and gate.rates(num_reqs)[0] > 5.0:
+                return step
+        return 2000
+
+    alone, four = decisions_to_recover(1), decisions_to_recover(4)
+    assert alone * 3 < four, (alone, four)
