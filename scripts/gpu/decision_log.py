@@ -29,6 +29,7 @@ from dspark.bench.sweep import Setting, bench_prompts, closed_loop, engine_for
 from dspark.engine.graphs import CAPTURE_AFTER_WASTE
 from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import load_model
+from dspark.scheduling import verifier as verifier_module
 from dspark.scheduling.gate import DRAFTED, UNDRAFTED
 
 
@@ -62,6 +63,18 @@ def arm_figures(gate, num_reqs, mixed):
 def instrument(engine, log):
     gate, verifier = engine.gate, engine.verifier
     current: dict = {}
+    priced: dict = {}  # the cost model's view at its latest drafting_pays (look-ahead or not)
+    depth_rates = verifier_module.depth_rates
+
+    def logged_rates(survival, verify_ms, num_sampling, draft_ms):
+        rates = depth_rates(survival, verify_ms, num_sampling, draft_ms)
+        priced["rates"] = np.round(rates, 4).tolist()
+        priced["verify_ms"] = np.round(verify_ms[:8], 3).tolist()
+        priced["draft_ms"] = np.round(draft_ms, 3).tolist()
+        priced["survival"] = np.round(survival[0, :4], 3).tolist()
+        return rates
+
+    verifier_module.depth_rates = logged_rates
     should_draft, should_probe = gate.should_draft, gate.should_probe
     drafting_depth, record = engine._drafting_depth, verifier.record
     update, schedule, step = engine.acceptance.update, engine.scheduler.schedule, engine.step
@@ -78,6 +91,7 @@ def instrument(engine, log):
         current["unrecorded"] = verifier._unrecorded.take(slots).tolist()
         current["rho"] = round(float(verifier.predictiveness), 3)
         depth = drafting_depth(batch, limits)
+        current["priced"] = dict(priced)  # the latest pricing: this step's, made now or ahead
         current["depth"] = int(depth)
         current["probe_depth"] = int(verifier.probe_depth)
         return depth
@@ -165,6 +179,7 @@ def summarise(log):
             f"model declines at one request: {len(declines)}, stale c1 quartiles "
             f"{np.percentile(stale, [25, 50, 75]).round(3).tolist()}, unrecorded {unrec}"
         )
+    print_prediction_check(steps)
     drafted = [e for e in steps if "admitted" in e and sum(e["admitted"]) > 0]
     if drafted:
         admitted = sum(sum(e["admitted"]) for e in drafted)
@@ -186,6 +201,33 @@ def summarise(log):
     print("depths run:", dict(sorted(depth.items())))
     if all(len(e["slots"]) == 1 for e in steps):
         print_by_request(steps)
+
+
+def print_prediction_check(steps):
+    """One request at a time, logs with the cost model's pricing (``priced``): the first
+    position's predicted survival at each decision against whether the first draft of
+    the same request's next drafted round was accepted, for declines and for drafting."""
+    if not all(len(e["slots"]) == 1 for e in steps) or not any(e.get("priced") for e in steps):
+        return
+    pairs = defaultdict(list)
+    for i, e in enumerate(steps):
+        if not e.get("priced"):
+            continue
+        for later in steps[i + 1 :]:
+            if later["unrecorded"][0] and not e["unrecorded"][0]:
+                break  # the next request (a batch of one: slot reused)
+            if later["depth"] and later.get("admitted") and later["admitted"][0] > 0:
+                kind = "declines" if e["path"].startswith("model no") else "model drafts"
+                accepted = later["accepted"][0] > 0
+                pairs[kind].append((e["priced"]["survival"][0], accepted))
+                break
+    for kind, values in sorted(pairs.items()):
+        predicted, accepted = np.array(values, dtype=float).T
+        print(
+            f"{kind}: {len(values)} with a later drafted round; predicted first-position "
+            f"survival {predicted.mean():.3f}, that round's first draft accepted "
+            f"{accepted.mean():.3f}"
+        )
 
 
 PATH_MARKS = {
