@@ -13,7 +13,8 @@ and writes the log as JSON.
     MODEL=path.gguf PYTHONPATH=src python3 scripts/gpu/decision_log.py CONC REQUESTS TOKENS OUT.json
     python3 scripts/gpu/decision_log.py --summarise OUT.json   # again, from a saved log
 
-``DEVICE=cpu`` runs on the CPU (fp32).
+``DEVICE=cpu`` runs on the CPU (fp32); ``WARMUP=short`` warms up as ``dspark bench`` does
+without ``--full-warmup`` (``concurrency`` requests, a quarter of the tokens).
 """
 
 import json
@@ -278,7 +279,11 @@ def main() -> None:
     prompts = bench_prompts(loaded.tokenizer, Args, 2 * count)
     params = SamplingParams(temperature=0.0, max_tokens=Args.max_tokens)
     engine = engine_for(loaded, Setting("adaptive", 7), concurrency, Args)
-    closed_loop(engine, prompts[:count], params, concurrency)  # warm-up, as --full-warmup
+    if os.environ.get("WARMUP") == "short":  # as dspark bench without --full-warmup
+        warm = SamplingParams(temperature=0.0, max_tokens=max(4, Args.max_tokens // 4))
+        closed_loop(engine, prompts[:concurrency], warm, concurrency)
+    else:
+        closed_loop(engine, prompts[:count], params, concurrency)  # as --full-warmup
     engine.stats.__init__()
     log: list = []
     instrument(engine, log)
