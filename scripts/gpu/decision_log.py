@@ -17,6 +17,7 @@ and writes the log as JSON.
 without ``--full-warmup`` (``concurrency`` requests, a quarter of the tokens).
 """
 
+import argparse
 import json
 import os
 import sys
@@ -26,24 +27,24 @@ from collections import Counter, defaultdict
 import numpy as np
 import torch
 
+from dspark.bench import sweep
 from dspark.bench.sweep import Setting, bench_prompts, closed_loop, engine_for
-from dspark.engine.graphs import CAPTURE_AFTER_WASTE
 from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import load_model
 from dspark.scheduling import verifier as verifier_module
 from dspark.scheduling.gate import DRAFTED, UNDRAFTED
 
 
-class Args:
-    out = "/tmp/decision-log"
-    device = os.environ.get("DEVICE", "cuda")
-    drafter = "auto"
-    max_prompt_tokens = 256
-    max_tokens = 128
-    shape = None
+def bench_args(max_tokens: int) -> argparse.Namespace:
+    """``dspark bench``'s settings (its own parser and defaults) for this run."""
+    parser = argparse.ArgumentParser()
+    sweep.add_cli_args(parser)
     prompts = os.environ.get("PROMPTS", ".gpu/prompts.npz")
-    dataset = "sharegpt"
-    graph_padding_budget = CAPTURE_AFTER_WASTE
+    argv = ["--device", os.environ.get("DEVICE", "cuda"), "--max-tokens", str(max_tokens)]
+    argv += ["--out", "/tmp/decision-log"]
+    if os.path.exists(prompts):
+        argv += ["--prompts", prompts]
+    return parser.parse_args(argv)
 
 
 def arm_figures(gate, num_reqs, mixed):
@@ -270,17 +271,15 @@ def main() -> None:
         return
     concurrency = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 12
-    Args.max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 128
+    args = bench_args(int(sys.argv[3]) if len(sys.argv) > 3 else 128)
     out_path = sys.argv[4] if len(sys.argv) > 4 else "/tmp/decision_log.json"
-    dtype = torch.bfloat16 if Args.device == "cuda" else torch.float32
-    loaded = load_model(os.environ.get("MODEL"), dtype, Args.device)
-    if not os.path.exists(Args.prompts):
-        Args.prompts = None
-    prompts = bench_prompts(loaded.tokenizer, Args, 2 * count)
-    params = SamplingParams(temperature=0.0, max_tokens=Args.max_tokens)
-    engine = engine_for(loaded, Setting("adaptive", 7), concurrency, Args)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    loaded = load_model(os.environ.get("MODEL"), dtype, args.device)
+    prompts = bench_prompts(loaded.tokenizer, args, 2 * count)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    engine = engine_for(loaded, Setting("adaptive", 7), concurrency, args)
     if os.environ.get("WARMUP") == "short":  # as dspark bench without --full-warmup
-        warm = SamplingParams(temperature=0.0, max_tokens=max(4, Args.max_tokens // 4))
+        warm = SamplingParams(temperature=0.0, max_tokens=max(4, args.max_tokens // 4))
         closed_loop(engine, prompts[:concurrency], warm, concurrency)
     else:
         closed_loop(engine, prompts[:count], params, concurrency)  # as --full-warmup
