@@ -43,12 +43,22 @@ def main() -> None:
             m = measure(engine, setting, measured, params, concurrency, warmup)
             rates[value].append(m.tok_s)
             print(
-                repeat, value, round(m.tok_s, 2), "vetoes", m.gate_vetoes,
-                "undrafted", m.undrafted_steps, flush=True,
+                repeat,
+                value,
+                round(m.tok_s, 2),
+                "vetoes",
+                m.gate_vetoes,
+                "undrafted",
+                m.undrafted_steps,
+                flush=True,
             )
     for value in variants:
-        print(value, "median", round(float(np.median(rates[value])), 2),
-              [round(x, 2) for x in rates[value]])
+        print(
+            value,
+            "median",
+            round(float(np.median(rates[value])), 2),
+            [round(x, 2) for x in rates[value]],
+        )
     first, second = (np.array(rates[v]) for v in variants[:2])
     print("paired ratio median", round(float(np.median(first / second)), 3))
 

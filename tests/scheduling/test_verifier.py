@@ -160,6 +160,34 @@ def test_drafting_pays_compares_against_a_step_without_the_drafter():
     )
 
 
+def test_the_population_forgets_by_rounds_at_small_batches_and_by_calls_at_large_ones():
+    from dspark.scheduling import CostTables
+    from dspark.scheduling.verifier import POPULATION_RECORD_DECAY, POPULATION_ROUND_DECAY
+
+    tables = CostTables(draft_ms=np.full(301, 4.0), verify_ms=10.0 + 0.1 * np.arange(2000.0))
+
+    def population_after(num_reqs: int) -> np.ndarray:
+        verifier = AdaptiveVerifier(num_reqs, 1, tables, max_total_logits=4096)
+        slots = np.arange(num_reqs)
+        for slot in slots:
+            verifier.add_request(int(slot))
+        verifier.record(slots, np.full((num_reqs, 1), 0.8))
+        verifier.record(slots, np.full((num_reqs, 1), 0.2))
+        return verifier.population_survival
+
+    # Two records of a mean of 0.8, then 0.2: (d · 0.8 + 0.2) / (d + 1), d the decay of
+    # the second record: 0.995 a round at one request, 0.995^4 at four, and never below
+    # 0.9 a call (0.995^256 = 0.28 at 256 requests).
+    for num_reqs, decay in [
+        (1, POPULATION_ROUND_DECAY),
+        (4, POPULATION_ROUND_DECAY**4),
+        (256, POPULATION_RECORD_DECAY),
+    ]:
+        expected = (decay * 0.8 + 0.2) / (decay + 1)
+        np.testing.assert_allclose(population_after(num_reqs), [expected])
+    assert POPULATION_ROUND_DECAY**256 < POPULATION_RECORD_DECAY == 0.9
+
+
 def test_drafting_pays_reads_the_latest_record_and_relax_retries_skipped_slots():
     from dspark.scheduling import CostTables
 
@@ -171,28 +199,28 @@ def test_drafting_pays_reads_the_latest_record_and_relax_retries_skipped_slots()
     # Population: the first record itself (no blend with the 1.0 a new slot starts at).
     np.testing.assert_allclose(verifier.population_survival, [0.9, 0.81])
     verifier.record(np.array([0]), np.array([[0.1, 0.5]]))
-    # Population: (0.9 · 0.1 · [0.9, 0.81] + 0.1 · [0.1, 0.05]) / (0.9 · 0.1 + 0.1)
-    #           = [0.091, 0.0779] / 0.19 = [0.478947, 0.41].
-    np.testing.assert_allclose(verifier.population_survival, [0.091 / 0.19, 0.41])
+    # One round per record decays by the round (0.995, above the per-call 0.9):
+    # (0.995 · [0.9, 0.81] + [0.1, 0.05]) / 1.995 = [0.9955, 0.85595] / 1.995.
+    np.testing.assert_allclose(verifier.population_survival, [0.9955 / 1.995, 0.85595 / 1.995])
     # The latest record (survival [0.1, 0.05]) decides, not the stale [0.9, 0.81]:
     # without the drafter 1 / 10.1 = 0.099 tok/ms; with it at most 1.15 / 14.3 = 0.080.
     assert verifier.drafting_pays(*args) == 0
     # The plan (stale, the seed's semantics) still sees [0.9, 0.81].
     assert verifier.plan(*args) == 2
     verifier.relax(np.array([0]))
-    # Halfway to the population: [0.289474, 0.23]; (1 + 0.519474) / 14.3 = 0.1063 > 0.099.
+    # Halfway to the population: [0.29950, 0.23953]; (1 + 0.53903) / 14.3 = 0.1076 > 0.099.
     assert verifier.drafting_pays(*args) == 2
     # A request with no round recorded is priced at the population's survival, not 1.0:
-    # (1 + 0.478947 + 0.41) / 14.3 = 0.1321 drafted (1.0 would give 3 / 14.3 = 0.2098).
+    # (1 + 0.49900 + 0.42905) / 14.3 = 0.1348 drafted (1.0 would give 3 / 14.3 = 0.2098).
     verifier.add_request(1)
     verifier.relax(np.array([0]), weight=0.0)
     one = (np.array([1]), np.array([2]), np.array([1]), 1)
     assert verifier.drafting_pays(*one) == 2
     verifier.cost_model = CostTables(draft_ms=np.full(3, 8.0), verify_ms=tables.verify_ms)
-    # A drafter of 8 ms: 1.889 / 18.3 = 0.1032 > 0.099 still pays; at 1.0 both would.
+    # A drafter of 8 ms: 1.928 / 18.3 = 0.1054 > 0.099 still pays; at 1.0 both would.
     assert verifier.drafting_pays(*one) == 2
     verifier.cost_model = CostTables(draft_ms=np.full(3, 10.0), verify_ms=tables.verify_ms)
-    # 10 ms: 1.889 / 20.3 = 0.093 < 0.099 does not, though 3 / 20.3 = 0.148 would have.
+    # 10 ms: 1.928 / 20.3 = 0.095 < 0.099 does not, though 3 / 20.3 = 0.148 would have.
     assert verifier.drafting_pays(*one) == 0
     with pytest.raises(ValueError, match="weight"):
         verifier.relax(np.array([0]), weight=1.5)

@@ -1,0 +1,186 @@
+"""Batch-of-one policies replayed on recorded per-request rounds, at an H200's step costs.
+
+At one request adaptive verification decides, step by step, whether to draft and how
+deep, from the request's own recent rounds, the population's and the gate's timings.
+This replays those decisions (the real ``AdaptiveVerifier`` and ``ThroughputGate``) and
+every fixed K on the rounds ``record_request_rounds.py`` recorded, request by request, and
+prices every step with the H200 costs the session 13 decision log measured for SmolLM2 at
+one request. A step that begins at token ``p`` of a request meets the recorded round that
+began at or before ``p``, shifted by the tokens since (its drafts past ``p`` matched the
+target, so they are taken as the drafter's guess from ``p``): fixed K and adaptive meet
+the same rounds where their paths cross.
+
+    PYTHONPATH=src python scripts/c1_policy_sim.py ROUNDS.npz [MAX_TOKENS]
+
+Prints tokens per ms by policy and each adaptive variant's ratio to the best fixed K.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from dspark.scheduling import AdaptiveVerifier
+from dspark.scheduling.gate import ThroughputGate
+
+K = 7
+# The cost model's prices at one request (session 13 decision log, H200, SmolLM2):
+# the target with b drafts, and what drafting d deep adds (d = 0: an undrafted step).
+VERIFY_MS = np.array([3.224, 3.382, 3.455, 3.455, 3.531, 3.531, 3.531, 3.531])
+DRAFT_MS = np.array([0.526, 2.13, 2.406, 2.682, 2.958, 3.237, 3.516, 3.794])
+# What steps took there (medians): undrafted 3.75 ms, drafted d deep about the price,
+# and a drafted step right after an undrafted one 0.4 ms more (held-back context).
+UNDRAFTED_WALL = 3.75
+CATCH_UP_MS = 0.4
+
+
+class PricedCosts:
+    """A fixed cost model with the engine's interface (``ObservedDraftCost``'s methods)."""
+
+    def step_costs_ms(self, num_reqs, num_tokens, cap, context_tokens=0):
+        return VERIFY_MS[: cap + 1] + DRAFT_MS[K]
+
+    def draft_cost_ms(self, num_reqs, depth=None):
+        return float(DRAFT_MS[K if depth is None else depth])
+
+    def draft_costs_by_depth(self, num_reqs, num_positions):
+        return DRAFT_MS[: num_positions + 1].copy()
+
+
+def drafted_wall(depth: int, after_undrafted: bool) -> float:
+    return VERIFY_MS[depth] + DRAFT_MS[depth] + (CATCH_UP_MS if after_undrafted else 0.0)
+
+
+class Request:
+    def __init__(self, conf, accepted, start, max_tokens):
+        self.conf, self.accepted, self.start = conf, accepted, start
+        self.length = min(max_tokens, int(start[-1] + accepted[-1] + 1))
+
+    def round_at(self, p: int):
+        g = int(np.searchsorted(self.start, p, side="right")) - 1
+        shift = p - int(self.start[g])
+        left = int(self.accepted[g]) - shift
+        if left < 0:  # past this round's accepted span (the recorded one ended earlier)
+            return self.conf[g], 0
+        conf = np.concatenate([self.conf[g][shift:], np.repeat(self.conf[g][-1:], shift)])
+        return conf, left
+
+
+def load(path: str, max_tokens: int) -> list[Request]:
+    data = np.load(path)
+    out = []
+    for r in np.unique(data["request"]):
+        m = data["request"] == r
+        out.append(
+            Request(data["confidences"][m], data["accepted"][m], data["start"][m], max_tokens)
+        )
+    return out
+
+
+def run_fixed(requests, k):
+    tokens = ms = 0.0
+    for req in requests:
+        p = 0
+        while p < req.length:
+            if k == 0:
+                got, wall = 1, UNDRAFTED_WALL
+            else:
+                _, acc = req.round_at(p)
+                got, wall = min(acc, k) + 1, drafted_wall(k, False)
+            got = min(got, req.length - p)
+            p += got
+            tokens += got
+            ms += wall
+    return tokens / ms, {}
+
+
+def run_adaptive(
+    requests, decay=None, round_decay=None, relax=0.5, gate=True, rho=None, catch_up=True
+):
+    verifier = AdaptiveVerifier(1, K, PricedCosts(), max_total_logits=64)
+    if decay is not None:
+        verifier.population_decay = decay
+    if round_decay is not None:
+        verifier.population_round_decay = round_decay
+    the_gate = ThroughputGate() if gate else None
+    tokens = ms = 0.0
+    counts = {"undrafted": 0, "drafted": 0, "probes": 0, "vetoes": 0}
+    one = np.array([0])
+    for req in requests:
+        verifier.add_request(0)
+        p, prev_undrafted = 0, False
+        while p < req.length:
+            if rho is not None:
+                verifier._predictiveness = rho
+            depth = verifier.drafting_pays(one, np.array([K]), np.array([1]), 1)
+            overruled = False
+            if depth and the_gate is not None and not the_gate.should_draft(1):
+                depth = 0
+                counts["vetoes"] += 1
+            elif not depth and the_gate is not None and the_gate.should_probe(1):
+                depth = verifier.probe_depth
+                overruled = bool(depth)
+                counts["probes"] += overruled
+            if depth == 0:
+                verifier.relax(one, relax)
+                got, wall = 1, UNDRAFTED_WALL
+                counts["undrafted"] += 1
+            else:
+                conf, acc = req.round_at(p)
+                verifier.record(one, conf[None, :])
+                budget = verifier.plan(one, np.array([depth]), np.array([1]), 1)
+                got = min(acc, depth, budget) + 1
+                wall = drafted_wall(depth, prev_undrafted and catch_up)
+                counts["drafted"] += 1
+            got = min(got, req.length - p)
+            if the_gate is not None:
+                the_gate.record(1, depth > 0, got, wall, False, overruled)
+            prev_undrafted = depth == 0
+            p += got
+            tokens += got
+            ms += wall
+        verifier.remove_request(0)
+    return tokens / ms, counts
+
+
+def main() -> None:
+    path = sys.argv[1]
+    max_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 128
+    requests = load(path, max_tokens)
+    halves = {
+        "all": requests,
+        "first half": requests[: len(requests) // 2],
+        "second half": requests[len(requests) // 2 :],
+    }
+    variants = {
+        "adaptive (as shipped)": {},
+        "  no catch-up cost": {"catch_up": False},
+        "  no gate": {"gate": False},
+        "  population by calls (0.9)": {"round_decay": 0.0},
+        "  population by calls, no gate": {"round_decay": 0.0, "gate": False},
+        "  population by rounds 0.98": {"round_decay": 0.98},
+        "  population by rounds 0.999": {"round_decay": 0.999},
+        "  relax 1.0": {"relax": 1.0},
+        "  relax 0.2": {"relax": 0.2},
+        "  predictiveness 0.3": {"rho": 0.3},
+        "  predictiveness 0": {"rho": 0.0},
+    }
+    for name, subset in halves.items():
+        fixed = {k: run_fixed(subset, k)[0] for k in range(K + 1)}
+        best_k = max(range(1, K + 1), key=fixed.get)
+        print(
+            f"\n{name}: {len(subset)} requests; tokens/ms: none {fixed[0]:.4f}, "
+            + ", ".join(f"K{k} {fixed[k]:.4f}" for k in range(1, K + 1))
+            + f"; best K{best_k}"
+        )
+        for label, kwargs in variants.items():
+            rate, counts = run_adaptive(subset, **kwargs)
+            print(
+                f"  {label:<28} {rate:.4f}  {rate / fixed[best_k]:.3f}x K{best_k}  "
+                f"{rate / fixed[0]:.3f}x none  {counts}"
+            )
+
+
+if __name__ == "__main__":
+    main()
