@@ -1,0 +1,33 @@
+# Session 14 GPU calls, after four stage_piece.sh calls (the GGUF quarters parked).
+#   bash scripts/gpu/session14.sh dl     the decision log at one request alone
+#   bash scripts/gpu/session14.sh c1     decision log at one request, then the c1 bench
+#   bash scripts/gpu/session14.sh c4_16  the bench at 16 and 4
+#   bash scripts/gpu/session14.sh c64    the bench at 256 and 64
+# Each step has its own time limit; what finished is copied to $OUT.
+source scripts/gpu/env.sh
+set +e +o pipefail
+export G OUT
+C="python3 -m dspark.cli bench --model $G --device cuda --dtype bfloat16 --prompts .gpu/prompts.npz --drafter dspark --fixed 3 --max-tokens 128 --full-warmup"
+quiet() { grep -v "it/s\]\|s/it\]" | tail -40; }
+keep() { for f in "$@"; do [ -f "$f" ] && cp "$f" "$OUT/"; done; }
+nvidia-smi --query-gpu=name --format=csv,noheader
+git log --oneline | head -1
+case "$1" in
+  dl)
+    MODEL=$G timeout 150 python3 scripts/gpu/decision_log.py 1 24 128 "$OUT/dl_c1.json" 2>&1 | tail -45
+    ;;
+  c1)
+    MODEL=$G timeout 100 python3 scripts/gpu/decision_log.py 1 24 128 "$OUT/dl_c1.json" 2>&1 | tail -45
+    timeout "${LIMIT:-420}" $C --concurrency 1 --min-requests 36 --repeats 3 --out "$RUN/c1" 2>&1 | quiet
+    cp "$RUN/c1/bench.json" "$OUT/bench_c1.json" 2>/dev/null || cp "$RUN/c1/bench.partial.json" "$OUT/bench_c1.partial.json"
+    ;;
+  c4_16)
+    timeout "${LIMIT:-500}" $C --concurrency 16 4 --min-requests 48 --repeats 3 --out "$RUN/c4" 2>&1 | quiet
+    cp "$RUN/c4/bench.json" "$OUT/bench_c4_16.json" 2>/dev/null || cp "$RUN/c4/bench.partial.json" "$OUT/bench_c4_16.partial.json"
+    ;;
+  c64)
+    timeout "${LIMIT:-520}" $C --concurrency 256 64 --min-requests 512 --repeats 3 --out "$RUN/c64" 2>&1 | quiet
+    cp "$RUN/c64/bench.json" "$OUT/bench_c64_256.json" 2>/dev/null || cp "$RUN/c64/bench.partial.json" "$OUT/bench_c64_256.partial.json"
+    ;;
+esac
+ls -la "$OUT"
