@@ -1,6 +1,7 @@
 # Session 14 GPU calls, after four stage_piece.sh calls (the GGUF quarters parked).
 #   bash scripts/gpu/session14.sh dl     the decision log at one request alone
 #   bash scripts/gpu/session14.sh c1     decision log at one request, then the c1 bench
+#   bash scripts/gpu/session14.sh trace  step trace at one request, K = 3 against adaptive
 #   bash scripts/gpu/session14.sh c4_16  the bench at 16 and 4
 #   bash scripts/gpu/session14.sh c64    the bench at 256 and 64
 # Each step has its own time limit; what finished is copied to $OUT.
@@ -20,6 +21,10 @@ case "$1" in
     MODEL=$G timeout 100 python3 scripts/gpu/decision_log.py 1 24 128 "$OUT/dl_c1.json" 2>&1 | tail -45
     timeout "${LIMIT:-420}" $C --concurrency 1 --min-requests 36 --repeats 3 --out "$RUN/c1" 2>&1 | quiet
     cp "$RUN/c1/bench.json" "$OUT/bench_c1.json" 2>/dev/null || cp "$RUN/c1/bench.partial.json" "$OUT/bench_c1.partial.json"
+    ;;
+  trace)
+    MODEL=$G SETTINGS=fixed:3,adaptive FULL_WARMUP=1 PROFILE=1 timeout 300 \
+      python3 scripts/gpu/step_trace.py 1 7 none 128 2 2>&1 | grep -v "it/s\]\|s/it\]" | tail -150
     ;;
   c4_16)
     timeout "${LIMIT:-500}" $C --concurrency 16 4 --min-requests 48 --repeats 3 --out "$RUN/c4" 2>&1 | quiet
