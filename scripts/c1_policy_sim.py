@@ -133,9 +133,12 @@ def run_adaptive(
                 got = min(acc, depth, budget) + 1
                 wall = drafted_wall(depth, prev_undrafted and catch_up)
                 counts["drafted"] += 1
+            # The engine times a step without the held-back upkeep it runs (other steps'
+            # work): the gate never sees the catch-up.
+            priced_wall = wall if depth == 0 else drafted_wall(depth, False)
             got = min(got, req.length - p)
             if the_gate is not None:
-                the_gate.record(1, depth > 0, got, wall, False, overruled)
+                the_gate.record(1, depth > 0, got, priced_wall, False, overruled)
             prev_undrafted = depth == 0
             p += got
             tokens += got

@@ -15,11 +15,13 @@ began). CPU, fp32, the embedded SmolLM2 and the shipped drafter.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from types import SimpleNamespace
 
 import numpy as np
+import torch
 
 from dspark.bench.sweep import bench_prompts
 from dspark.engine import EngineConfig, LLMEngine, SamplingParams
@@ -35,7 +37,9 @@ def main() -> None:
         int(sys.argv[3]),
         sys.argv[4],
     )
-    loaded = load_model(None)
+    device = os.environ.get("DEVICE", "cpu")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    loaded = load_model(os.environ.get("MODEL"), dtype=dtype, device=device)
     args = SimpleNamespace(prompts=prompts_file, dataset="sharegpt", max_prompt_tokens=256)
     prompts = bench_prompts(loaded.tokenizer, args, count)
     engine = LLMEngine(

@@ -2,6 +2,7 @@
 #   bash scripts/gpu/session14.sh dl     the decision log at one request alone
 #   bash scripts/gpu/session14.sh c1     decision log at one request, then the c1 bench
 #   bash scripts/gpu/session14.sh trace  step trace at one request, K = 3 against adaptive
+#   bash scripts/gpu/session14.sh rounds every request's rounds at K = 7 (scripts/c1_policy_sim.py)
 #   bash scripts/gpu/session14.sh c4_16  the bench at 16 and 4
 #   bash scripts/gpu/session14.sh c64    the bench at 256 and 64
 # Each step has its own time limit; what finished is copied to $OUT.
@@ -25,6 +26,10 @@ case "$1" in
   trace)
     MODEL=$G SETTINGS=fixed:3,adaptive FULL_WARMUP=1 PROFILE=1 timeout 300 \
       python3 scripts/gpu/step_trace.py 1 7 none 128 2 2>&1 | grep -v "it/s\]\|s/it\]" | tail -150
+    ;;
+  rounds)
+    MODEL=$G DEVICE=cuda timeout 200 python3 scripts/record_request_rounds.py .gpu/prompts.npz 48 128 \
+      "$OUT/rounds_smollm2_h200_48req.npz" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -5
     ;;
   c4_16)
     timeout "${LIMIT:-500}" $C --concurrency 16 4 --min-requests 48 --repeats 3 --out "$RUN/c4" 2>&1 | quiet

@@ -32,9 +32,10 @@ recorded round), and the request is retried once that average says drafting pays
 average forgets by rounds, not only by calls (``POPULATION_ROUND_DECAY``): at one request
 a memory of ten calls is the request's last ten drafted rounds, which are the poor ones
 before it stopped drafting, and a population that low kept a request undrafted that would
-have gained from drafting (``scripts/c1_policy_sim.py``: SmolLM2's recorded rounds at an
-H200's prices, 0.988x the best fixed K with ten calls' memory, 0.995x with two hundred
-rounds').
+have gained from drafting (``scripts/c1_policy_sim.py``, SmolLM2's rounds recorded
+request by request and replayed at an H200's prices: 0.984x and 0.981x the best fixed K
+with ten calls' memory, 0.990x and 0.986x with two hundred rounds', on rounds recorded on
+the CPU and on the H200).
 
 How much one round says about the next is measured, not assumed. Each ``record`` pairs
 every slot's previous round with its new one (expected accepted drafts, the survival
