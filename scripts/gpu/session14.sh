@@ -2,6 +2,7 @@
 #   bash scripts/gpu/session14.sh dl     the decision log at one request alone
 #   bash scripts/gpu/session14.sh c1     decision log at one request, then the c1 bench
 #   bash scripts/gpu/session14.sh trace  step trace at one request, K = 3 against adaptive
+#   bash scripts/gpu/session14.sh trace16 step traces at 16 and 4, K = 3 against adaptive
 #   bash scripts/gpu/session14.sh rounds every request's rounds at K = 7 (scripts/c1_policy_sim.py)
 #   bash scripts/gpu/session14.sh c4_16  the bench at 16 and 4
 #   bash scripts/gpu/session14.sh c64    the bench at 256 and 64
@@ -26,6 +27,12 @@ case "$1" in
   trace)
     MODEL=$G SETTINGS=fixed:3,adaptive FULL_WARMUP=1 PROFILE=1 timeout 300 \
       python3 scripts/gpu/step_trace.py 1 7 none 128 2 2>&1 | grep -v "it/s\]\|s/it\]" | tail -150
+    ;;
+  trace16)
+    for c in 16 4; do
+      MODEL=$G SETTINGS=fixed:3,adaptive FULL_WARMUP=1 PROFILE=1 timeout 200 \
+        python3 scripts/gpu/step_trace.py $c 7 none 128 2 2>&1 | grep -v "it/s\]\|s/it\]"
+    done
     ;;
   rounds)
     MODEL=$G DEVICE=cuda timeout 200 python3 scripts/record_request_rounds.py .gpu/prompts.npz 48 128 \
