@@ -9,7 +9,8 @@ in tok/s can be traced to the steps that make it.
 
     PYTHONPATH=src python3 scripts/gpu/step_trace.py 4 7 [TRACE] [TOKENS] [REPEATS]
 
-``MODEL=path.gguf`` runs that model with its shipped drafter instead (acceptance computed,
+``MODEL=path.gguf`` (or ``MODEL=default``, the embedded SmolLM2) runs that model with its
+shipped drafter instead (acceptance computed,
 the trace argument ignored); ``SETTINGS=none,fixed,adaptive`` picks the settings (default
 fixed,adaptive; at K, or ``fixed:3`` for another K); ``FULL_WARMUP=1`` warms up on as
 many requests and tokens as are measured (``dspark bench --full-warmup``); ``PROFILE=1``
@@ -159,7 +160,8 @@ def main() -> None:
     repeats = int(sys.argv[5]) if len(sys.argv) > 5 else 2
     dtype = torch.bfloat16 if Args.device == "cuda" else torch.float32
     if os.environ.get("MODEL"):
-        loaded, replay, Args.shape = load_model(os.environ["MODEL"], dtype, Args.device), None, None
+        path = None if os.environ["MODEL"] == "default" else os.environ["MODEL"]  # SmolLM2
+        loaded, replay, Args.shape = load_model(path, dtype, Args.device), None, None
     else:
         loaded = random_model(Args.shape, dtype, Args.device)
         replay = Replay(random_draft_model(loaded), AcceptanceTrace.resolve(trace))
