@@ -188,6 +188,37 @@ def test_the_population_forgets_by_rounds_at_small_batches_and_by_calls_at_large
     assert POPULATION_ROUND_DECAY**256 < POPULATION_RECORD_DECAY == 0.9
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 40), st.floats(0.0, 1.0), st.floats(0.0, 1.0)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_the_population_is_the_decayed_mean_of_every_record_brute_force(records):
+    """Against the weights written out: record i of n_i rows weighs (1 - d_i) times the
+    decays d_j of every later record, d = max(0.9, 0.995^n); the population is the
+    weighted mean of the records' per-position means."""
+    from dspark.scheduling import CostTables
+
+    tables = CostTables(draft_ms=np.full(41, 4.0), verify_ms=10.0 + 0.1 * np.arange(400.0))
+    verifier = AdaptiveVerifier(40, 2, tables, max_total_logits=400)
+    for slot in range(40):
+        verifier.add_request(slot)
+    means, decays = [], []
+    rng = np.random.default_rng(len(records))
+    for num_rows, low, high in records:
+        first = rng.uniform(min(low, high), max(low, high), num_rows)
+        rows = np.stack([first, np.full(num_rows, 0.5)], axis=1)
+        verifier.record(np.arange(num_rows), rows)
+        means.append(np.stack([first, first * 0.5], axis=1).mean(axis=0))  # survival
+        decays.append(max(0.9, 0.995**num_rows))
+    weights = np.array([(1 - d) * np.prod(decays[i + 1 :]) for i, d in enumerate(decays)])
+    expected = weights @ np.array(means) / weights.sum()
+    np.testing.assert_allclose(verifier.population_survival, expected, rtol=1e-10, atol=1e-12)
+
+
 def test_drafting_pays_reads_the_latest_record_and_relax_retries_skipped_slots():
     from dspark.scheduling import CostTables
 
