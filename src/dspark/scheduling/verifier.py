@@ -97,12 +97,11 @@ from dspark.scheduling.cost import StepCostModel
 from dspark.scheduling.survival import running_product, zero_unscheduled
 
 POPULATION_RECORD_DECAY = 0.9
-"""The population's survival decays by at most this per ``record`` call (a memory of about
-ten calls: at hundreds of requests, thousands of rounds)."""
-
 POPULATION_ROUND_DECAY = 0.995
-"""...and by at least this per request-round recorded (a memory of about two hundred
-rounds: at one request, two hundred drafted steps rather than ten)."""
+"""A ``record`` call of ``n`` rounds keeps ``max(POPULATION_RECORD_DECAY,
+POPULATION_ROUND_DECAY ** n)`` of the population's weight on earlier rounds: at one
+request a memory of about two hundred rounds (not ten), from about 21 requests on one of
+about ten calls (thousands of rounds at hundreds of requests), as before."""
 
 PREDICTIVENESS_MIN_PAIRS = 64
 """Consecutive-round pairs (weighted by the running decay) before ``predictiveness`` is
@@ -137,8 +136,8 @@ class AdaptiveVerifier:
         # bias-corrected (the first record is the mean, not a blend with a prior of 1.0).
         self._population_sum = np.zeros(num_positions)
         self._population_weight = 0.0
-        self.population_decay = POPULATION_RECORD_DECAY  # per record() call, at most
-        self.population_round_decay = POPULATION_ROUND_DECAY  # per request-round, at least
+        self.population_decay = POPULATION_RECORD_DECAY  # kept per record() call, at least
+        self.population_round_decay = POPULATION_ROUND_DECAY  # ... and per round recorded
         # Slots whose request has had no round recorded yet (they start at 1.0).
         self._unrecorded = np.zeros(max_num_slots, dtype=bool)
         # Running sums over consecutive-round pairs of a slot (previous round's expected
