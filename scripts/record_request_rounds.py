@@ -9,8 +9,10 @@ drafts accepted under full verification, request by request, for the bench's pro
     PYTHONPATH=src python scripts/record_request_rounds.py PROMPTS.npz COUNT MAX_TOKENS OUT.npz
 
 Writes ``confidences [N, K]``, ``accepted [N]``, ``request [N]`` (the request's index in
-the bench's order) and ``start [N]`` (tokens the request had generated when the round
-began). CPU, fp32, the embedded SmolLM2 and the shipped drafter.
+the bench's order) and ``start [N]`` (tokens the request's drafted rounds had emitted
+before this one: the first token, sampled by the prompt's step, is not counted). CPU,
+fp32, the embedded SmolLM2 and the shipped drafter; ``MODEL=path.gguf DEVICE=cuda``
+records on a GPU in bf16 instead (the H200 benches' target).
 """
 
 from __future__ import annotations
