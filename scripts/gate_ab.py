@@ -21,19 +21,25 @@ from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import load_model
 
 
-def main() -> None:
-    concurrency, repeats = int(sys.argv[1]), int(sys.argv[2])
-    variants = [int(v) for v in sys.argv[3].split(",")]
+def cpu_bench_inputs(concurrency: int, out: str):
+    """What ``dspark bench`` runs at ``concurrency`` on the CPU default (64 tokens, greedy,
+    two requests per user, the short warm-up): ``(args, loaded, warmup, measured, params)``."""
     parser = argparse.ArgumentParser()
     sweep.add_cli_args(parser)
     args = parser.parse_args(
-        ["--concurrency", str(concurrency), "--max-tokens", "64", "--out", "/tmp/gate-ab"]
+        ["--concurrency", str(concurrency), "--max-tokens", "64", "--out", out]
     )
     loaded = load_model(args.model, dtype=torch.float32, device="cpu")
     count = max(8, concurrency * 2)
     prompts = bench_prompts(loaded.tokenizer, args, count + concurrency)
-    warmup, measured = prompts[:concurrency], prompts[concurrency:]
     params = SamplingParams(temperature=0.0, max_tokens=64)
+    return args, loaded, prompts[:concurrency], prompts[concurrency:], params
+
+
+def main() -> None:
+    concurrency, repeats = int(sys.argv[1]), int(sys.argv[2])
+    variants = [int(v) for v in sys.argv[3].split(",")]
+    args, loaded, warmup, measured, params = cpu_bench_inputs(concurrency, "/tmp/gate-ab")
     setting = Setting("adaptive", 7)
     rates = {v: [] for v in variants}
     for repeat in range(repeats):

@@ -10,17 +10,13 @@ Prints each run's tok/s, vetoes and undrafted steps, the medians, and each adapt
 variant's paired ratios to no speculation.
 """
 
-import argparse
 import sys
 
 import numpy as np
-import torch
+from gate_ab import cpu_bench_inputs  # scripts/ is on the path when run as a script
 
 import dspark.scheduling.gate as gate
-from dspark.bench import sweep
-from dspark.bench.sweep import Setting, bench_prompts, engine_for, measure
-from dspark.engine.sampling import SamplingParams
-from dspark.models.loader import load_model
+from dspark.bench.sweep import Setting, engine_for, measure
 
 _MARGIN = [1.0]
 _UPPER_BOUND = gate._Bucket.upper_bound
@@ -35,16 +31,7 @@ def main() -> None:
     concurrency, repeats = int(sys.argv[1]), int(sys.argv[2])
     margin = float(sys.argv[3]) if len(sys.argv) > 3 else 1.05
     gate._Bucket.upper_bound = _upper_bound_with_margin
-    parser = argparse.ArgumentParser()
-    sweep.add_cli_args(parser)
-    args = parser.parse_args(
-        ["--concurrency", str(concurrency), "--max-tokens", "64", "--out", "/tmp/margin-ab"]
-    )
-    loaded = load_model(args.model, dtype=torch.float32, device="cpu")
-    count = max(8, concurrency * 2)
-    prompts = bench_prompts(loaded.tokenizer, args, count + concurrency)
-    warmup, measured = prompts[:concurrency], prompts[concurrency:]
-    params = SamplingParams(temperature=0.0, max_tokens=64)
+    args, loaded, warmup, measured, params = cpu_bench_inputs(concurrency, "/tmp/margin-ab")
     variants = [("none", 1.0), ("adaptive", 1.0), ("adaptive", margin)]
     rates = {v: [] for v in variants}
     for repeat in range(repeats):
