@@ -111,7 +111,14 @@ def best_k_per_request(requests) -> float:
 
 
 def run_adaptive(
-    requests, decay=None, round_decay=None, relax=0.5, gate=True, rho=None, catch_up=True
+    requests,
+    decay=None,
+    round_decay=None,
+    relax=0.5,
+    gate=True,
+    rho=None,
+    catch_up=True,
+    charge=True,
 ):
     verifier = AdaptiveVerifier(1, K, PricedCosts(), max_total_logits=64)
     if decay is not None:
@@ -122,9 +129,19 @@ def run_adaptive(
     tokens = ms = 0.0
     counts = {"undrafted": 0, "drafted": 0, "probes": 0, "vetoes": 0}
     one = np.array([0])
+    per_step = None  # the engine's upkeep_ms_per_step: a catch-up's share per held step
+
+    def catch_up_ms(held: int) -> float:
+        nonlocal per_step
+        if not (catch_up and held):
+            return 0.0
+        share = CATCH_UP_MS / held
+        per_step = share if per_step is None else per_step + 0.25 * (share - per_step)
+        return CATCH_UP_MS
+
     for req in requests:
         verifier.add_request(0)
-        p, prev_undrafted = 0, False
+        p, held = 0, 0  # undrafted steps whose context update is held back
         while p < req.length:
             if rho is not None:
                 verifier._predictiveness = rho
@@ -141,20 +158,27 @@ def run_adaptive(
                 verifier.relax(one, relax)
                 got, wall = 1, UNDRAFTED_WALL
                 counts["undrafted"] += 1
+                held += 1
+                # The engine catches up after DEFER_LIMIT (32) undrafted steps anyway; the
+                # gate sees this step without that flush, priced by the running share.
+                priced_wall = wall + (per_step if charge and per_step is not None else 0.0)
+                if held == 32:
+                    wall += catch_up_ms(held)
+                    held = 0
             else:
                 conf, acc = req.round_at(p)
                 verifier.record(one, conf[None, :])
                 budget = verifier.plan(one, np.array([depth]), np.array([1]), 1)
                 got = min(acc, depth, budget) + 1
-                wall = drafted_wall(depth, prev_undrafted and catch_up)
+                # The engine times a step without the held-back upkeep it runs (other
+                # steps' work): the gate sees the drafted step without the catch-up.
+                priced_wall = drafted_wall(depth, False)
+                wall = priced_wall + catch_up_ms(held)
+                held = 0
                 counts["drafted"] += 1
-            # The engine times a step without the held-back upkeep it runs (other steps'
-            # work): the gate never sees the catch-up.
-            priced_wall = wall if depth == 0 else drafted_wall(depth, False)
             got = min(got, req.length - p)
             if the_gate is not None:
                 the_gate.record(1, depth > 0, got, priced_wall, False, overruled)
-            prev_undrafted = depth == 0
             p += got
             tokens += got
             ms += wall
@@ -174,6 +198,7 @@ def main() -> None:
     variants = {
         "adaptive (as shipped)": {},
         "  no catch-up cost": {"catch_up": False},
+        "  undrafted steps not charged": {"charge": False},
         "  no gate": {"gate": False},
         "  population by calls (0.9)": {"round_decay": 0.0},
         "  population by calls, no gate": {"round_decay": 0.0, "gate": False},

@@ -1,3 +1,5 @@
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -401,6 +403,62 @@ def test_deferred_drafter_upkeep_drafts_exactly_as_eager_upkeep(tmp_path, patter
     # updates reproduced it (up to rounding: batched products round differently).
     assert len(results[1][1]) > 10
     np.testing.assert_allclose(np.array(results[0][1]), np.array(results[1][1]), atol=1e-5)
+
+
+class LedgerGate(ScriptedGate):
+    """A scripted gate that keeps every step it times, in order."""
+
+    def __init__(self, pattern):
+        super().__init__(pattern)
+        self.log = []
+
+    def record(self, num_reqs, drafted, tokens, wall_ms, mixed=False, declined=False):
+        self.log.append((drafted, wall_ms))
+
+
+def test_held_back_upkeep_leaves_the_step_that_runs_it_and_prices_the_undrafted_ones(tmp_path):
+    """The drafted step that catches the drafter up runs the undrafted steps' upkeep: the
+    gate sees that time spread over the undrafted steps, not in the drafted step."""
+    from dspark.engine.drafter import DSparkDrafter
+    from tests.models.test_drafter import random_drafter
+
+    pause = 0.2  # far longer than a step of the tiny model
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    engine = LLMEngine(
+        target,
+        EngineConfig(spec="adaptive", num_drafts=3),
+        drafter=DSparkDrafter(random_drafter(target, block_size=4), 16384, 16),
+        cost_model=CheapCost(2),
+    )
+    engine.gate = gate = LedgerGate([False, False, True])  # two undrafted, one drafted
+    flush, flushed = engine._flush_upkeep, []
+
+    def slow_flush():
+        if engine._deferred:
+            flushed.append(len(engine._deferred))
+            time.sleep(pause)
+        flush()
+
+    engine._flush_upkeep = slow_flush
+    plain, _ = run(target, repetitive_prompts(2))
+    requests = [engine.add_request(p, GREEDY) for p in repetitive_prompts(2)]
+    while engine.has_unfinished():
+        engine.step()
+    assert [r.output_ids for r in requests] == [o.token_ids for o in plain]
+    assert len(flushed) >= 3 and max(flushed) <= 3
+    pause_ms = pause * 1e3
+    # Each flush caught up two or three steps: an undrafted step's share is a third of
+    # the pause or more, and never more than the pause.
+    assert pause_ms / 3 <= engine.upkeep_ms_per_step <= pause_ms * 1.5
+    first_drafted = next(i for i, (drafted, _) in enumerate(gate.log) if drafted)
+    last = len(gate.log) - 1  # the step both requests finished in holds nothing back
+    for i, (drafted, wall) in enumerate(gate.log):
+        if drafted:
+            assert wall < pause_ms  # the flush it ran is not its own time
+        elif first_drafted < i < last:
+            assert wall >= pause_ms / 3  # priced with its share of a catch-up
+        else:
+            assert wall < pause_ms / 3  # nothing caught up yet, or nothing held back
 
 
 def test_online_acceptance_learns_from_drafted_steps_only(tiny):

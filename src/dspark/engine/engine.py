@@ -276,7 +276,13 @@ class LLMEngine:
         self._priced_step: tuple[int, int, int, int] | None = None
         self._overruled = False  # this step drafts although the cost model declined
         self._deferred: list[tuple[list, torch.Tensor]] = []  # held-back context updates
-        self._flush_ms = 0.0
+        # Held-back upkeep run in this step: (host ms, CUDA start and end events or None,
+        # undrafted steps it caught up), read at the step's end (``_take_flush_cost``).
+        self._flushes: list[tuple[float, tuple | None, int]] = []
+        self._held_back = False  # this step's own upkeep was held back
+        # What catching up one undrafted step's upkeep costs, in ms (a running average
+        # over flushes): the price of an undrafted step that its own wall time lacks.
+        self.upkeep_ms_per_step: float | None = None
         # Adaptive: (step it is for, slots, depth, probe depth, budget or None) decided
         # ahead (the budget only when the next batch can be the same decodes with a full
         # K each), and a budget planned early for the step under way: (step, drafts per
@@ -434,7 +440,7 @@ class LLMEngine:
         generated, captures = self.stats.num_generated, self.num_captures()
         self._priced_step = None
         self._overruled = False
-        self._flush_ms = 0.0  # held-back upkeep run in this step (other steps' work)
+        self._held_back = False
         self._unrecorded = None  # recorded in every forward; left only by a failed step
         drafts, draft_probs = self._draft(chunks)
         self.stats.draft_phase_ms.append((time.perf_counter() - phase) * 1e3)
@@ -453,6 +459,10 @@ class LLMEngine:
                 count = len(extra) + 1
                 rows.extend(range(ends[i] - count, ends[i]))
                 owners.append((i, count))
+        # The sampled rows' index goes to the device before the forward is queued, from
+        # pinned memory: a copy out of pageable memory waits for the stream (the forward)
+        # to drain first, which kept the host from queueing the logits behind it.
+        row_index = self._to_device(rows) if rows else None
         start_time = self._clock()
         hidden, captured = self.forward(
             [c.request.table for c in chunks],
@@ -462,7 +472,7 @@ class LLMEngine:
         )
         if self.verifier is not None and self.lookahead:
             self._look_ahead(chunks, drafts)  # the host's turn while the device computes
-        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]) if rows else None
+        logits = self.model.logits(hidden[row_index]) if rows else None
         self.stats.forward_ms.append(self._clock() - start_time)
         features = torch.cat(captured, dim=-1) if captured else None
         row_starts = ends - num_query_np
@@ -475,13 +485,22 @@ class LLMEngine:
         # A step that captured a graph is not a typical step of its kind: not timed. The
         # gate times steps with a prompt chunk in buckets of their own (the chunk makes a
         # step slow whichever way it drafted); the cost model learns from decoding steps.
+        # Held-back upkeep is the undrafted steps' debt, paid by whichever step flushes it:
+        # it leaves that step's time, and the gate prices every undrafted step that held
+        # its upkeep back at what catching one up costs on average (a smooth charge: the
+        # whole flush on one step would widen the undrafted arm's bound as much as it
+        # lowers its rate).
+        flush_ms = self._take_flush_cost()
         num_reqs, num_tokens, depth, context = self._priced_step or (0, -1, 0, 0)
         if num_tokens >= num_reqs > 0 and self.num_captures() == captures:
-            wall_ms = max((end - step_start) * 1e3 - self._flush_ms, 1e-3)
+            wall_ms = max((end - step_start) * 1e3 - flush_ms, 1e-3)
             mixed = num_tokens != num_reqs
             if self.gate is not None:
                 tokens = self.stats.num_generated - generated
-                self.gate.record(num_reqs, depth > 0, tokens, wall_ms, mixed, self._overruled)
+                gate_ms = wall_ms
+                if self._held_back and self.upkeep_ms_per_step is not None:
+                    gate_ms += self.upkeep_ms_per_step
+                self.gate.record(num_reqs, depth > 0, tokens, gate_ms, mixed, self._overruled)
             record_step = getattr(self.verifier.cost_model, "record_step", None)
             if record_step is not None and not mixed:
                 admitted = sum(len(extra) for extra in drafts)
@@ -492,6 +511,13 @@ class LLMEngine:
                     record_step(*timing)
         self.stats.capture_steps += self.num_captures() != captures
         return touched
+
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        """An int64 index on the engine's device without waiting for the device's queue."""
+        if self.device.type != "cuda":
+            return torch.tensor(values, dtype=torch.int64)
+        host = torch.tensor(values, dtype=torch.int64, pin_memory=True)
+        return host.to(self.device, non_blocking=True)  # the host allocator keeps it alive
 
     def forward(
         self,
@@ -560,9 +586,7 @@ class LLMEngine:
                 self.stats.undrafted_steps += 1
                 return drafts, probs
             limits = np.minimum(limits, depth)
-        flush_start = time.perf_counter()
-        self._flush_upkeep()  # the drafter's context must be complete before it drafts
-        self._flush_ms = (time.perf_counter() - flush_start) * 1e3
+        self._timed_flush()  # the drafter's context must be complete before it drafts
         captures = self.num_captures()
         requests = [chunks[i].request for i in decode_index]
         overlap = None if batch is None else self._plan_while_drafting(batch, limits)
@@ -936,10 +960,9 @@ class LLMEngine:
         if self.config.defer_upkeep and step is not None and step[2] == 0:
             items = [(r, start, count, r.num_preemptions) for r, start, _, count in kept]
             self._deferred.append((items, selected))
+            self._held_back = True
             if len(self._deferred) >= DEFER_LIMIT:
-                start = time.perf_counter()
-                self._flush_upkeep()  # other steps' work: not this step's price
-                self._flush_ms += (time.perf_counter() - start) * 1e3
+                self._timed_flush()  # other steps' work: not this step's price
             return
         self._flush_upkeep()  # anything held back goes first, in order
         self.drafter.observe(
@@ -948,6 +971,40 @@ class LLMEngine:
             [item[3] for item in kept],
             selected,
         )
+
+    def _timed_flush(self) -> None:
+        """``_flush_upkeep``, timed: its host time, and on CUDA its device time too."""
+        if not self._deferred:
+            return
+        steps = len(self._deferred)
+        start = time.perf_counter()
+        events = None
+        if self.device.type == "cuda":
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
+        self._flush_upkeep()
+        if events is not None:
+            events[1].record()
+        self._flushes.append(((time.perf_counter() - start) * 1e3, events, steps))
+
+    def _take_flush_cost(self) -> float:
+        """Milliseconds of held-back upkeep in this step's wall time, and the running
+        average of what one undrafted step's catch-up costs. On the CPU a flush's time
+        is its host time; on CUDA its device time (a drafting step's catch-up is queued
+        on an idle device and delays the step by that much, not by its launch time). A
+        flush at the end of an undrafted step (``DEFER_LIMIT``) is waited for here, so
+        that its time stays in the step that ran it."""
+        cost = 0.0
+        for host_ms, events, steps in self._flushes:
+            if events is not None:
+                events[1].synchronize()
+                host_ms = events[0].elapsed_time(events[1])
+            cost += host_ms
+            per_step = host_ms / steps
+            last = self.upkeep_ms_per_step
+            self.upkeep_ms_per_step = per_step if last is None else last + 0.25 * (per_step - last)
+        self._flushes.clear()
+        return cost
 
     def _flush_upkeep(self) -> None:
         """Run the drafter's context updates held back on undrafted steps, in order, as one

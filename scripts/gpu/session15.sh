@@ -1,0 +1,27 @@
+# Session 15 GPU calls, after the stage_piece.sh calls (the GGUF quarters parked).
+#   bash scripts/gpu/session15.sh ab     A/B at 16 and 4 of the engine and gate against
+#                                        e960159's (.gpu/old, scripts/gpu/ab_files.sh)
+#   bash scripts/gpu/session15.sh c1     the c1 bench alone (C1_REQUESTS, default 36)
+#   bash scripts/gpu/session15.sh MODE   session14.sh's MODE (c4_16, c64, trace, ...)
+source scripts/gpu/env.sh
+set +e +o pipefail
+export G OUT
+case "$1" in
+  ab)
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    git log --oneline | head -1
+    CONC="${CONC:-16 4}" ROUNDS=${ROUNDS:-2} MINREQ=${MINREQ:-48} bash scripts/gpu/ab_files.sh
+    ;;
+  c1)
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    git log --oneline | head -1
+    C="python3 -m dspark.cli bench --model $G --device cuda --dtype bfloat16 --prompts .gpu/prompts.npz --drafter dspark --fixed 3 --max-tokens 128 --full-warmup"
+    timeout "${LIMIT:-420}" $C --concurrency 1 --min-requests ${C1_REQUESTS:-36} --repeats 3 --out "$RUN/c1" 2>&1 \
+      | grep -v "it/s\]\|s/it\]" | tail -40
+    cp "$RUN/c1/bench.json" "$OUT/bench_c1.json" 2>/dev/null || cp "$RUN/c1/bench.partial.json" "$OUT/bench_c1.partial.json"
+    ls -la "$OUT"
+    ;;
+  *)
+    bash scripts/gpu/session14.sh "$1"
+    ;;
+esac
