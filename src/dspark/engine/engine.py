@@ -996,11 +996,12 @@ class LLMEngine:
         that its time stays in the step that ran it."""
         cost = 0.0
         for host_ms, events, steps in self._flushes:
+            flush_ms = host_ms
             if events is not None:
                 events[1].synchronize()
-                host_ms = events[0].elapsed_time(events[1])
-            cost += host_ms
-            per_step = host_ms / steps
+                flush_ms = events[0].elapsed_time(events[1])
+            cost += flush_ms
+            per_step = flush_ms / steps
             last = self.upkeep_ms_per_step
             self.upkeep_ms_per_step = per_step if last is None else last + 0.25 * (per_step - last)
         self._flushes.clear()
