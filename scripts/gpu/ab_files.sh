@@ -5,8 +5,12 @@
 #   git show e960159:src/dspark/engine/engine.py > .gpu/old/src/dspark/engine/engine.py
 # and on the GPU machine (carry .gpu/old and env.sh's files):
 #   source scripts/gpu/env.sh; export G OUT; bash scripts/gpu/ab_files.sh
-# CONC (default "16 4"), ROUNDS (2), MINREQ (the bench's --min-requests, 4) and LIMIT (a
-# bench call's seconds, 150) set the run. (ab_verifier.sh: the verifier file alone.)
+# CONC (default "16 4"), ROUNDS (2), MINREQ (the bench's --min-requests, 4), LIMIT (a
+# bench call's seconds, 150) and FIXED (the fixed K, 3) set the run; BENCH replaces the
+# bench's model, device and prompt arguments (default: the GGUF at $G on CUDA in bf16,
+# .gpu/prompts.npz, 128 tokens) and PYTHON the interpreter, e.g. on this CPU with OUT
+# set: BENCH="--max-tokens 64 --requests-per-user 2" PYTHON=.venv/bin/python.
+# (ab_verifier.sh: the verifier file alone.)
 set +e
 OLD=${OLD:-.gpu/old}
 FILES=$(cd "$OLD" && find . -type f -name '*.py' | sed 's|^\./||')
@@ -19,10 +23,11 @@ for round in $(seq ${ROUNDS:-2}); do
     if [ $variant = old ]; then src=$OLD; else src=$NEW; fi
     for f in $FILES; do cp "$src/$f" "$f"; done
     echo "=== $variant round $round"
-    timeout ${LIMIT:-150} python3 -m dspark.cli bench --model $G --device cuda --dtype bfloat16 \
-      --prompts .gpu/prompts.npz --concurrency ${CONC:-16 4} --fixed 3 --no-baseline \
-      --min-requests ${MINREQ:-4} --max-tokens 128 --full-warmup --repeats 1 \
-      --out $OUT/ab_${variant}_$round 2>&1 | grep "adaptive\|K=3" | grep -v wrote
+    timeout ${LIMIT:-150} ${PYTHON:-python3} -m dspark.cli bench \
+      ${BENCH:---model $G --device cuda --dtype bfloat16 --prompts .gpu/prompts.npz --max-tokens 128 --full-warmup} \
+      --concurrency ${CONC:-16 4} --fixed ${FIXED:-3} --no-baseline \
+      --min-requests ${MINREQ:-4} --repeats 1 \
+      --out $OUT/ab_${variant}_$round 2>&1 | grep "adaptive\|K=[0-9]" | grep -v wrote
   done
 done
 for f in $FILES; do cp "$NEW/$f" "$f"; done
