@@ -48,8 +48,9 @@ class PricedCosts:
         return DRAFT_MS[: num_positions + 1].copy()
 
 
-def drafted_wall(depth: int, after_undrafted: bool) -> float:
-    return VERIFY_MS[depth] + DRAFT_MS[depth] + (CATCH_UP_MS if after_undrafted else 0.0)
+def drafted_wall(depth: int) -> float:
+    """A drafted step d deep, without catching up held-back upkeep (``CATCH_UP_MS``)."""
+    return VERIFY_MS[depth] + DRAFT_MS[depth]
 
 
 class Request:
@@ -87,7 +88,7 @@ def fixed_totals(req: Request, k: int) -> tuple[float, float]:
             got, wall = 1, UNDRAFTED_WALL
         else:
             _, acc = req.round_at(p)
-            got, wall = min(acc, k) + 1, drafted_wall(k, False)
+            got, wall = min(acc, k) + 1, drafted_wall(k)
         got = min(got, req.length - p)
         p += got
         tokens += got
@@ -172,7 +173,7 @@ def run_adaptive(
                 got = min(acc, depth, budget) + 1
                 # The engine times a step without the held-back upkeep it runs (other
                 # steps' work): the gate sees the drafted step without the catch-up.
-                priced_wall = drafted_wall(depth, False)
+                priced_wall = drafted_wall(depth)
                 wall = priced_wall + catch_up_ms(held)
                 held = 0
                 counts["drafted"] += 1
