@@ -7,7 +7,8 @@
 #   bash scripts/gpu/session14.sh c4_16  the bench at 16 and 4
 #   bash scripts/gpu/session14.sh c64    the bench at 256 and 64
 # Each step has its own time limit; what finished is copied to $OUT. C1_REQUESTS sets the
-# c1 bench's requests (36; session13.sh runs these calls with 24).
+# c1 bench's requests (36; session13.sh runs these calls with 24); DECISION_LOG=0 leaves
+# out c1's decision log.
 source scripts/gpu/env.sh
 set +e +o pipefail
 export G OUT
@@ -21,7 +22,7 @@ case "$1" in
     MODEL=$G timeout 150 python3 scripts/gpu/decision_log.py 1 24 128 "$OUT/dl_c1.json" 2>&1 | tail -45
     ;;
   c1)
-    MODEL=$G timeout 100 python3 scripts/gpu/decision_log.py 1 24 128 "$OUT/dl_c1.json" 2>&1 | tail -45
+    [ "${DECISION_LOG:-1}" = 0 ] || MODEL=$G timeout 100 python3 scripts/gpu/decision_log.py 1 24 128 "$OUT/dl_c1.json" 2>&1 | tail -45
     timeout "${LIMIT:-420}" $C --concurrency 1 --min-requests ${C1_REQUESTS:-36} --repeats 3 --out "$RUN/c1" 2>&1 | quiet
     cp "$RUN/c1/bench.json" "$OUT/bench_c1.json" 2>/dev/null || cp "$RUN/c1/bench.partial.json" "$OUT/bench_c1.partial.json"
     ;;

@@ -13,13 +13,7 @@ case "$1" in
     CONC="${CONC:-16 4}" ROUNDS=${ROUNDS:-2} MINREQ=${MINREQ:-48} bash scripts/gpu/ab_files.sh
     ;;
   c1)
-    nvidia-smi --query-gpu=name --format=csv,noheader
-    git log --oneline | head -1
-    C="python3 -m dspark.cli bench --model $G --device cuda --dtype bfloat16 --prompts .gpu/prompts.npz --drafter dspark --fixed 3 --max-tokens 128 --full-warmup"
-    timeout "${LIMIT:-420}" $C --concurrency 1 --min-requests ${C1_REQUESTS:-36} --repeats 3 --out "$RUN/c1" 2>&1 \
-      | grep -v "it/s\]\|s/it\]" | tail -40
-    cp "$RUN/c1/bench.json" "$OUT/bench_c1.json" 2>/dev/null || cp "$RUN/c1/bench.partial.json" "$OUT/bench_c1.partial.json"
-    ls -la "$OUT"
+    DECISION_LOG=0 bash scripts/gpu/session14.sh c1
     ;;
   *)
     bash scripts/gpu/session14.sh "$1"
