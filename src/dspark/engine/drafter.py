@@ -237,26 +237,36 @@ class DSparkDrafter:
     def _sample(self, requests: list[Request], hidden: torch.Tensor, anchors: torch.Tensor, k: int):
         """Left-to-right Markov sampling of the first ``k`` positions: greedy requests take
         the argmax, the others sample from their own temperature/top-k/top-p applied to
-        the draft logits (over the draft vocabulary when there is one)."""
+        the draft logits (over the draft vocabulary when there is one).
+
+        The sampling rows are batched: per position one ``target_probs`` call for each
+        distinct set of sampling parameters in the batch and one inverse-CDF draw for all
+        of them, each row's uniforms drawn up front from its request's own generator (one
+        call per request and step), instead of a few small kernels per request and
+        position. The drafts still follow the probabilities returned for verification."""
         sampling = [i for i, r in enumerate(requests) if not r.params.is_greedy]
-        step_probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        draws = _SampledRows(requests, sampling, k, hidden.device) if sampling else None
+        step_probs: list[torch.Tensor] = []  # per position, [sampling rows, V]
         previous = anchors  # real token ids: the Markov head embeds them
         drafted, conf_logits = [], []
         for position in range(k):
             # [n, N] over the draft vocabulary, or [n, V]
             logits, conf = self.model.heads(hidden[:, position], previous, self.head_weight)
             choice = logits.argmax(dim=-1)  # [n] indices into the logits' columns
-            for i in sampling:
-                request = requests[i]
-                p = target_probs(logits[i : i + 1], request.params)[0]
-                step_probs[i].append(self._full_vocab(p))
-                choice[i] = torch.multinomial(p, 1, generator=request.generator)[0]
+            if draws is not None:
+                probs = draws.probs(logits)
+                choice[draws.rows] = draws.pick(probs, position)
+                step_probs.append(self._full_vocab(probs))
             token = choice if self.vocab_ids is None else self.vocab_ids[choice]
             drafted.append(token)
             if conf is not None:
                 conf_logits.append(conf)
             previous = token
-        sampled = [torch.stack(p) if p else None for p in step_probs]
+        sampled: list[torch.Tensor | None] = [None] * len(requests)
+        if draws is not None:
+            by_row = torch.stack(step_probs, dim=1)  # [sampling rows, k, V]
+            for row, i in enumerate(sampling):
+                sampled[i] = by_row[row]
         return (
             torch.stack(drafted, dim=1),
             sampled,
@@ -264,11 +274,12 @@ class DSparkDrafter:
         )
 
     def _full_vocab(self, probs: torch.Tensor) -> torch.Tensor:
-        """Draft probabilities ``[N]`` over the draft vocabulary as ``[V]`` (zeros outside)."""
+        """Draft probabilities ``[..., N]`` over the draft vocabulary as ``[..., V]`` (zeros
+        outside)."""
         if self.vocab_ids is None:
             return probs
-        full = torch.zeros(self.model.config.vocab_size, dtype=probs.dtype, device=probs.device)
-        return full.index_copy_(0, self.vocab_ids, probs)
+        full = probs.new_zeros((*probs.shape[:-1], self.model.config.vocab_size))
+        return full.index_copy_(-1, self.vocab_ids, probs)
 
     def prepare_dummy(self, request: Request) -> None:
         """Make ``request`` look fully observed (its cache rows hold whatever is there),
@@ -408,3 +419,54 @@ def find_drafter(target: ModelConfig, required: bool = False) -> Path | None:
             "dspark train-drafter and pass its directory, or use --drafter ngram"
         )
     return None
+
+
+class _SampledRows:
+    """The sampling (non-greedy) rows of one proposal: their sampling parameters grouped
+    (requests sharing temperature, top-k and top-p share one ``target_probs`` call), and
+    ``k`` uniforms per row from the row's request generator, drawn once per proposal."""
+
+    def __init__(
+        self, requests: Sequence[Request], sampling: list[int], k: int, device: torch.device
+    ) -> None:
+        self.rows = torch.tensor(sampling, device=device)
+        groups: dict[tuple, list[int]] = {}
+        for row, i in enumerate(sampling):
+            params = requests[i].params
+            groups.setdefault((params.temperature, params.top_k, params.top_p), []).append(row)
+        self.groups = [
+            (requests[sampling[rows[0]]].params, torch.tensor(rows, device=device))
+            for rows in groups.values()
+        ]
+        uniforms = []
+        for i in sampling:
+            generator = requests[i].generator
+            where = device if generator is None else generator.device
+            uniforms.append(torch.rand(k, generator=generator, device=where).to(device))
+        self.uniforms = torch.stack(uniforms)  # [rows, k]
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[rows, N]`` sampling distributions of the rows' logits."""
+        logits = logits[self.rows]
+        if len(self.groups) == 1:
+            return target_probs(logits, self.groups[0][0])
+        probs = torch.empty_like(logits)
+        for params, rows in self.groups:
+            probs[rows] = target_probs(logits[rows], params)
+        return probs
+
+    def pick(self, probs: torch.Tensor, position: int) -> torch.Tensor:
+        """One index per row, drawn from its distribution with the row's uniform for
+        ``position``."""
+        return inverse_cdf_draw(probs, self.uniforms[:, position])
+
+
+def inverse_cdf_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """``[rows]`` column indices, row ``r`` drawn from ``probs[r]`` (non-negative, any
+    positive total) with ``uniforms[r]`` in [0, 1): the first column whose running sum
+    exceeds the uniform times the row's total. A uniform below 1 keeps the draw below the
+    total, so it never lands on a column of probability zero."""
+    cumulative = probs.double().cumsum(dim=-1)  # float64: no drift over a vocabulary
+    threshold = uniforms.double().view(-1, 1) * cumulative[:, -1:]
+    index = torch.searchsorted(cumulative, threshold, right=True).squeeze(1)
+    return index.clamp_(max=probs.shape[-1] - 1)
