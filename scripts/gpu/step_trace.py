@@ -135,6 +135,26 @@ def print_by_batch_size(log, adaptive):
         print(f"  {size:>5}: " + " | ".join(cells))
 
 
+def print_full_batch_by_depth(log, num_reqs, adaptive) -> None:
+    """Decode steps of the full batch (``num_reqs`` requests, no prompt chunk, no capture)
+    by drafting depth: steps, ms/step and tokens/step, where what a deeper draft costs
+    and earns on this device shows without the batch size mixed in."""
+    rows = defaultdict(lambda: [0, 0.0, 0])
+    for entry in log:
+        if entry["num_reqs"] != num_reqs or not classify(entry, adaptive).startswith("decode"):
+            continue
+        depth = entry["depth"] if adaptive else "K"
+        row = rows[0 if entry["undrafted"] else depth]
+        row[0] += 1
+        row[1] += entry["wall"]
+        row[2] += entry["tokens"]
+    cells = [
+        f"{depth}: {steps} x {wall / steps:.2f} ms, {toks / steps:.1f} tok"
+        for depth, (steps, wall, toks) in sorted(rows.items(), key=lambda kv: str(kv[0]))
+    ]
+    print(f"  full-batch ({num_reqs}) decode steps by depth:", "; ".join(cells) or "none")
+
+
 def print_prices(verifier, num_reqs) -> None:
     """What the scheduler believes at the end of the run, for a full batch of decodes:
     the step's cost with b drafts, the drafter's price by depth (0: what an undrafted
@@ -146,6 +166,16 @@ def print_prices(verifier, num_reqs) -> None:
     by_depth = getattr(model, "draft_costs_by_depth", None)
     if by_depth is not None:
         print("  drafter price by depth (ms):", np.round(by_depth(num_reqs, 7), 2).tolist())
+    overhead = getattr(model, "_overhead", None)
+    if overhead:  # ObservedDraftCost: ms the profile missed, (intercept, slope in depth)
+        lines = {
+            f"{'undrafted' if undrafted else 'drafted'} {1 << (bucket - 1)}+": (
+                round(a, 2),
+                round(b, 3),
+            )
+            for (bucket, undrafted), (a, b) in sorted(overhead.items())
+        }
+        print("  measured overhead lines (intercept ms, ms per depth):", lines)
     print(
         f"  population survival {np.round(verifier.population_survival, 3).tolist()}, "
         f"predictiveness {verifier.predictiveness:.3f}"
@@ -220,6 +250,7 @@ def main() -> None:
                     f"{toks / wall:>7.3f}"
                 )
             print_by_batch_size(log, setting.spec == "adaptive")
+            print_full_batch_by_depth(log, concurrency, setting.spec == "adaptive")
             prompt_steps = [e for e in log if not e["decode"] and not e["capture"]]
             print(
                 f"  steps with a prompt chunk: {sum(e['prompt_tokens'] for e in prompt_steps)} "
