@@ -1,51 +1,17 @@
-"""The engine's DSpark drafter: batched sampling of draft tokens (the inverse-CDF draw,
-and a batch whose requests sample with different parameters, against brute force)."""
+"""The engine's DSpark drafter: batched sampling of draft tokens (a batch whose requests
+sample with different parameters, against brute force)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
-from dspark.engine.drafter import DSparkDrafter, inverse_cdf_draw
+from dspark.engine.drafter import DSparkDrafter
 from dspark.engine.request import Request
 from dspark.engine.sampling import SamplingParams
 from tests.engine.test_draft_vocab import SUBSET, brute_force_drafts
 from tests.models.test_drafter import features_for, random_drafter
-
-
-def test_inverse_cdf_draw_lands_on_the_column_whose_interval_holds_the_uniform():
-    probs = torch.tensor([[0.25, 0.25, 0.0, 0.5], [0.0, 2.0, 0.0, 0.0], [0.0, 1.0, 3.0, 0.0]])
-    below_one = 1.0 - 2.0**-24  # the largest float32 uniform
-    cases = [
-        (0, 0.0, 0),
-        (0, 0.2499, 0),
-        (0, 0.25, 1),  # a boundary belongs to the next column
-        (0, 0.5, 3),  # column 2 has no mass: skipped
-        (0, below_one, 3),
-        (1, 0.0, 1),  # leading and trailing zero columns are never drawn
-        (1, below_one, 1),
-        (2, 0.2499, 1),
-        (2, 0.25, 2),  # an unnormalised row (total 4) is scaled by its total
-        (2, below_one, 2),
-    ]
-    for row, uniform, expected in cases:
-        drawn = inverse_cdf_draw(probs[row : row + 1], torch.tensor([uniform]))
-        assert drawn.tolist() == [expected], (row, uniform)
-    together = inverse_cdf_draw(probs, torch.tensor([0.5, 0.3, 0.3]))
-    assert together.tolist() == [3, 1, 2]
-
-
-def test_inverse_cdf_draws_follow_the_distribution():
-    probs = torch.tensor([0.1, 0.0, 0.35, 0.05, 0.0, 0.3, 0.2])
-    draws = 40_000
-    uniforms = torch.rand(draws, generator=torch.Generator().manual_seed(3))
-    picked = inverse_cdf_draw(probs.expand(draws, -1), uniforms).numpy()
-    counts = np.bincount(picked, minlength=probs.shape[0])
-    assert counts[1] == counts[4] == 0
-    keep = probs.numpy() > 0
-    assert stats.chisquare(counts[keep], probs.numpy()[keep] * draws).pvalue > 1e-3
 
 
 def _requests(ids, anchors, params, seeds):

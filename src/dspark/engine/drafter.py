@@ -35,7 +35,7 @@ from dspark.engine.graphs import (
 )
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from dspark.engine.request import Request
-from dspark.engine.sampling import target_probs
+from dspark.engine.sampling import inverse_cdf_draw, target_probs
 from dspark.engine.speculative import Proposal
 from dspark.models.config import ModelConfig
 from dspark.models.drafter import CONFIG_FILE, DraftModel, read_drafter_config
@@ -460,13 +460,3 @@ class _SampledRows:
         ``position``."""
         return inverse_cdf_draw(probs, self.uniforms[:, position])
 
-
-def inverse_cdf_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """``[rows]`` column indices, row ``r`` drawn from ``probs[r]`` (non-negative, any
-    positive total) with ``uniforms[r]`` in [0, 1): the first column whose running sum
-    exceeds the uniform times the row's total. A uniform below 1 keeps the draw below the
-    total, so it never lands on a column of probability zero."""
-    cumulative = probs.double().cumsum(dim=-1)  # float64: no drift over a vocabulary
-    threshold = uniforms.double().view(-1, 1) * cumulative[:, -1:]
-    index = torch.searchsorted(cumulative, threshold, right=True).squeeze(1)
-    return index.clamp_(max=probs.shape[-1] - 1)

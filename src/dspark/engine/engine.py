@@ -22,7 +22,15 @@ from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from dspark.engine.request import FinishReason, PromptTooLongError, Request
 from dspark.engine.sampling import SamplingParams
 from dspark.engine.scheduler import ScheduledChunk, Scheduler
-from dspark.engine.speculative import Drafter, NgramDrafter, OnlineAcceptance, Proposal, verify
+from dspark.engine.speculative import (
+    Drafter,
+    NgramDrafter,
+    OnlineAcceptance,
+    Proposal,
+    SampledRound,
+    verify,
+    verify_sampled,
+)
 from dspark.models.llama import forget_small_rows, tune_small_rows
 from dspark.models.loader import LoadedModel
 from dspark.ops import allocate_drafts_torch
@@ -889,6 +897,22 @@ class LLMEngine:
         for i, count in owners:
             sampled[i] = (logits[offset : offset + count], argmax[offset : offset + count] or None)
             offset += count
+        # Sampling requests are verified together: one target_probs per set of sampling
+        # parameters and two transfers for the batch (``verify_sampled``).
+        batched = [
+            i
+            for i in sampled
+            if not chunks[i].request.params.is_greedy
+            and not (replay is not None and chunks[i].is_decode)
+        ]
+        rounds = []
+        for i in batched:
+            request, extra, probs = chunks[i].request, drafts[i], draft_probs[i]
+            probs = None if probs is None else probs[: len(extra)]
+            rounds.append(
+                SampledRound(sampled[i][0], extra, probs, request.params, request.generator)
+            )
+        verdicts = dict(zip(batched, verify_sampled(rounds), strict=True))
         admitted, accepted = [], []
         kept: list[tuple[Request, int, int, int]] = []  # request, position, row, count
         for i, (chunk, extra) in enumerate(zip(chunks, drafts, strict=True)):
@@ -903,6 +927,8 @@ class LLMEngine:
             if replay is not None and is_decode:  # acceptance from a trace (replay.py)
                 num_accepted = replay(request, len(extra))
                 new_tokens = [*extra[:num_accepted], best[num_accepted]]
+            elif i in verdicts:
+                num_accepted, new_tokens = verdicts[i]
             else:
                 num_accepted, new_tokens = verify(
                     rows,

@@ -51,3 +51,14 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def inverse_cdf_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """``[rows]`` column indices, row ``r`` drawn from ``probs[r]`` (non-negative, any
+    positive total) with ``uniforms[r]`` in [0, 1): the first column whose running sum
+    exceeds the uniform times the row's total. A uniform below 1 keeps the draw below the
+    total, so it never lands on a column of probability zero."""
+    cumulative = probs.double().cumsum(dim=-1)  # float64: no drift over a vocabulary
+    threshold = uniforms.double().view(-1, 1) * cumulative[:, -1:]
+    index = torch.searchsorted(cumulative, threshold, right=True).squeeze(1)
+    return index.clamp_(max=probs.shape[-1] - 1)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from dspark.engine.request import Request
-from dspark.engine.sampling import SamplingParams, target_probs
+from dspark.engine.sampling import SamplingParams, inverse_cdf_draw, target_probs
 
 
 @dataclass
@@ -141,28 +141,133 @@ def verify(
 ) -> tuple[int, list[int]]:
     """Accepted draft count and the tokens the step emits (accepted drafts + one more).
     ``argmax``: the rows' argmax already on the host (the engine computes it for the whole
-    batch at once, one transfer instead of one per request)."""
+    batch at once, one transfer instead of one per request). A sampling request is
+    ``verify_sampled`` of one round."""
+    if not params.is_greedy:
+        return verify_sampled([SampledRound(logits, drafts, draft_probs, params, generator)])[0]
     num_drafts = len(drafts)
-    if params.is_greedy:
-        best = list(argmax) if argmax is not None else logits.argmax(dim=-1).tolist()
-        accepted = 0
-        while accepted < num_drafts and best[accepted] == drafts[accepted]:
+    best = list(argmax) if argmax is not None else logits.argmax(dim=-1).tolist()
+    accepted = 0
+    while accepted < num_drafts and best[accepted] == drafts[accepted]:
+        accepted += 1
+    return accepted, [*drafts[:accepted], best[accepted]]
+
+
+@dataclass
+class SampledRound:
+    """One sampling request's verification: its target logits ``[a + 1, V]``, its ``a``
+    drafts, their draft distributions ``[a, V]`` (None: deterministic drafts), its
+    sampling parameters and generator."""
+
+    logits: torch.Tensor
+    drafts: Sequence[int]
+    draft_probs: torch.Tensor | None
+    params: SamplingParams
+    generator: torch.Generator | None
+
+
+def verify_sampled(rounds: Sequence[SampledRound]) -> list[tuple[int, list[int]]]:
+    """Rejection sampling for a batch of sampling requests: per round, the accepted draft
+    count and the tokens it emits (the module doc's rule).
+
+    Batched: one ``target_probs`` call per distinct set of sampling parameters; each
+    round draws ``a + 1`` uniforms from its own generator (``a`` acceptance tests, then
+    the residual or bonus draw); the target and draft probabilities of every draft and
+    the uniforms come to the host in one transfer, the acceptance tests run there, and
+    the final tokens of all rounds are drawn together (``inverse_cdf_draw`` over their
+    residual, or bonus, distributions) and come back in a second transfer."""
+    if not rounds:
+        return []
+    device = rounds[0].logits.device
+    probs = _target_distributions(rounds)
+    uniforms = [
+        torch.rand(
+            len(r.drafts) + 1,
+            generator=r.generator,
+            device=device if r.generator is None else r.generator.device,
+        ).to(device)
+        for r in rounds
+    ]
+    # p(x) and q(x) of every draft, then every uniform: one transfer to the host.
+    counts = [len(r.drafts) for r in rounds]
+    all_drafts = torch.tensor([x for r in rounds for x in r.drafts], dtype=torch.long)
+    all_drafts = all_drafts.to(device)
+    positions = torch.arange(max(counts), device=device)
+    parts, start = [], 0
+    for r, p, a in zip(rounds, probs, counts, strict=True):
+        if a:
+            tokens, index = all_drafts[start : start + a], positions[:a]
+            start += a
+            parts.append(p[index, tokens].float())
+            q = r.draft_probs  # deterministic drafts: q(x) = 1
+            parts.append(q[index, tokens].float() if q is not None else torch.ones_like(parts[-1]))
+    host = torch.cat([*parts, *(u.float() for u in uniforms)]).tolist()
+    drafted = sum(counts)
+    results: list[tuple[int, list[int]]] = []
+    final_p, final_q, last = [], [], []
+    zeros = None
+    start, draw = 0, 2 * drafted
+    for r, p, u, a in zip(rounds, probs, uniforms, counts, strict=True):
+        p_values, q_values = host[start : start + a], host[start + a : start + 2 * a]
+        draws = host[draw : draw + a + 1]
+        start, draw = start + 2 * a, draw + a + 1
+        accepted = 0  # draft x is accepted with probability min(1, p(x) / q(x))
+        while accepted < a and draws[accepted] * q_values[accepted] < p_values[accepted]:
             accepted += 1
-        return accepted, [*drafts[:accepted], best[accepted]]
-    probs = target_probs(logits, params)
-    uniforms = torch.rand(num_drafts, generator=generator, device=probs.device).tolist()
-    for i, token in enumerate(drafts):
-        q = 1.0 if draft_probs is None else float(draft_probs[i, token])
-        p = float(probs[i, token])
-        if uniforms[i] * q < p:  # accept with probability min(1, p / q)
+        results.append((accepted, list(r.drafts[:accepted])))
+        final_p.append(p[accepted])
+        if accepted == a:  # every draft accepted: the bonus token from the next row
+            zeros = torch.zeros_like(p[a]) if zeros is None else zeros
+            final_q.append(zeros)
+        elif r.draft_probs is None:  # a deterministic draft: its token's mass removed
+            removed = torch.zeros_like(p[accepted])
+            removed[r.drafts[accepted]] = 1.0
+            final_q.append(removed)
+        else:  # the residual max(0, p - q) at the first rejection
+            final_q.append(r.draft_probs[accepted].to(p.dtype))
+        last.append(u[-1:])
+    target = torch.stack(final_p)
+    residual = (target - torch.stack(final_q)).clamp_min_(0.0)
+    # A residual without mass (the draft distribution covers the target's): the target row.
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0.0, residual, target)
+    tokens = inverse_cdf_draw(residual, torch.cat(last)).tolist()
+    return [(a, [*emitted, token]) for (a, emitted), token in zip(results, tokens, strict=True)]
+
+
+def _target_distributions(rounds: Sequence[SampledRound]) -> list[torch.Tensor]:
+    """Each round's ``[a + 1, V]`` target probabilities, one ``target_probs`` call for
+    the rounds that share temperature, top-k and top-p."""
+    groups: dict[tuple, list[int]] = {}
+    for j, r in enumerate(rounds):
+        groups.setdefault((r.params.temperature, r.params.top_k, r.params.top_p), []).append(j)
+    probs: list[torch.Tensor] = [rounds[0].logits] * len(rounds)
+    for members in groups.values():
+        params = rounds[members[0]].params
+        if len(members) == 1:
+            probs[members[0]] = target_probs(rounds[members[0]].logits, params)
             continue
-        if draft_probs is None:
-            residual = probs[i].clone()
-            residual[token] = 0.0
-        else:
-            residual = (probs[i] - draft_probs[i]).clamp_min(0.0)
-        if float(residual.sum()) <= 0.0:
-            residual = probs[i]
-        return i, [*drafts[:i], int(torch.multinomial(residual, 1, generator=generator))]
-    bonus = int(torch.multinomial(probs[num_drafts], 1, generator=generator))
-    return num_drafts, [*drafts, bonus]
+        parts = [rounds[j].logits for j in members]
+        joint = target_probs(_joined(parts), params)
+        sizes = [part.shape[0] for part in parts]
+        for j, part in zip(members, joint.split(sizes), strict=True):
+            probs[j] = part
+    return probs
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)`` of ``[rows, V]`` tensors, without the copy when they are
+    consecutive row blocks of one contiguous tensor (the engine's per-request slices of
+    the batch's logits, in batch order)."""
+    first = parts[0]
+    rows = first.shape[0]
+    for part in parts[1:]:
+        if not (
+            part.is_contiguous()
+            and part.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+            and part.storage_offset() == first.storage_offset() + rows * first.shape[1]
+        ):
+            return torch.cat(parts)
+        rows += part.shape[0]
+    if not first.is_contiguous():
+        return torch.cat(parts)
+    return first.as_strided((rows, first.shape[1]), first.stride(), first.storage_offset())
