@@ -459,4 +459,3 @@ class _SampledRows:
         """One index per row, drawn from its distribution with the row's uniform for
         ``position``."""
         return inverse_cdf_draw(probs, self.uniforms[:, position])
-
