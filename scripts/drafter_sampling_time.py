@@ -7,8 +7,12 @@ at temperature 1 decoding (fixed K = 7, a few steps in), then ``propose`` timed 
 times for each way in turn; prints the median ms per proposal of each and their ratio.
 
     PYTHONPATH=src python3 scripts/drafter_sampling_time.py [CONCURRENCY] [ROUNDS] [DEVICE]
+
+``MODEL_PATH`` (a GGUF or HF directory) and ``PROMPTS`` (a prompts ``.npz``) replace the
+embedded SmolLM2 and the ShareGPT package's prompts (on the GPU machine).
 """
 
+import os
 import sys
 import time
 
@@ -55,13 +59,13 @@ def main() -> None:
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 15
     device = sys.argv[3] if len(sys.argv) > 3 else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    loaded = load_model(None, dtype, device)
+    loaded = load_model(os.environ.get("MODEL_PATH"), dtype, device)  # None: the embedded one
 
     class Args:
         out = "/tmp/drafter-sampling-time"
         shape = None
         drafter = "dspark"
-        prompts = None
+        prompts = os.environ.get("PROMPTS")  # a prompts .npz (the GPU machine), or None
         dataset = "sharegpt"
         max_prompt_tokens = 256
         max_tokens = 512
