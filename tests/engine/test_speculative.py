@@ -233,3 +233,10 @@ def test_joined_rows_are_a_view_when_consecutive_and_a_copy_otherwise():
     assert torch.equal(_joined(reordered), torch.cat(reordered))
     separate = [torch.ones(2, 4), torch.zeros(1, 4)]
     assert torch.equal(_joined(separate), torch.cat(separate))
+    flat = torch.arange(40.0)
+    # A one-row block whose row stride is not its width, then the next four values: the
+    # rows are adjacent in memory, but the joined rows must still be these two.
+    odd = [flat.as_strided((1, 4), (7, 1)), flat[4:8].view(1, 4)]
+    assert torch.equal(_joined(odd), torch.cat(odd))
+    wider = [batch[0:1], flat[4:9].view(1, 5)[:, :4]]
+    assert torch.equal(_joined(wider), torch.cat(wider))

@@ -442,7 +442,9 @@ class _SampledRows:
         for i in sampling:
             generator = requests[i].generator
             where = device if generator is None else generator.device
-            uniforms.append(torch.rand(k, generator=generator, device=where).to(device))
+            uniforms.append(
+                torch.rand(k, generator=generator, dtype=torch.float64, device=where).to(device)
+            )
         self.uniforms = torch.stack(uniforms)  # [rows, k]
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:

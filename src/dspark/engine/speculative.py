@@ -184,6 +184,7 @@ def verify_sampled(rounds: Sequence[SampledRound]) -> list[tuple[int, list[int]]
         torch.rand(
             len(r.drafts) + 1,
             generator=r.generator,
+            dtype=torch.float64,  # no 2^-24 grid on the acceptance tests and draws
             device=device if r.generator is None else r.generator.device,
         ).to(device)
         for r in rounds
@@ -198,10 +199,10 @@ def verify_sampled(rounds: Sequence[SampledRound]) -> list[tuple[int, list[int]]
         if a:
             tokens, index = all_drafts[start : start + a], positions[:a]
             start += a
-            parts.append(p[index, tokens].float())
+            parts.append(p[index, tokens].double())
             q = r.draft_probs  # deterministic drafts: q(x) = 1
-            parts.append(q[index, tokens].float() if q is not None else torch.ones_like(parts[-1]))
-    host = torch.cat([*parts, *(u.float() for u in uniforms)]).tolist()
+            parts.append(q[index, tokens].double() if q is not None else torch.ones_like(parts[-1]))
+    host = torch.cat([*parts, *uniforms]).tolist()
     drafted = sum(counts)
     results: list[tuple[int, list[int]]] = []
     final_p, final_q, last = [], [], []
@@ -259,15 +260,18 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     consecutive row blocks of one contiguous tensor (the engine's per-request slices of
     the batch's logits, in batch order)."""
     first = parts[0]
-    rows = first.shape[0]
-    for part in parts[1:]:
+    width, rows = first.shape[1], 0
+    storage = first.untyped_storage().data_ptr()
+    for part in parts:
+        dense = part.shape[1] == width and (
+            part.shape[0] == 1 or part.stride(0) == width
+        )  # a one-row block's row stride says nothing: it is not checked
         if not (
-            part.is_contiguous()
-            and part.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-            and part.storage_offset() == first.storage_offset() + rows * first.shape[1]
+            dense
+            and (width == 1 or part.stride(1) == 1)
+            and part.untyped_storage().data_ptr() == storage
+            and part.storage_offset() == first.storage_offset() + rows * width
         ):
             return torch.cat(parts)
         rows += part.shape[0]
-    if not first.is_contiguous():
-        return torch.cat(parts)
-    return first.as_strided((rows, first.shape[1]), first.stride(), first.storage_offset())
+    return first.as_strided((rows, width), (width, 1), first.storage_offset())
