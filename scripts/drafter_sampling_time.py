@@ -14,10 +14,10 @@ embedded SmolLM2 and the ShareGPT package's prompts (on the GPU machine).
 
 import os
 import sys
-import time
 
 import numpy as np
 import torch
+from verify_sampling_time import compare  # scripts/: the same alternating timing
 
 from dspark.bench.sweep import Setting, bench_prompts, engine_for
 from dspark.engine.drafter import DSparkDrafter
@@ -84,23 +84,20 @@ def main() -> None:
     drafter = engine.drafter
     limits = np.full(len(requests), 7)
     batched = DSparkDrafter._sample
-    times = {"batched": [], "per request": []}
-    for _ in range(rounds):
-        for name, method in (("batched", batched), ("per request", per_request_sample)):
+
+    def proposal_with(method):
+        def call() -> None:
             DSparkDrafter._sample = method
-            if device == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
             drafter.propose(requests, limits)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    DSparkDrafter._sample = batched
-    medians = {name: float(np.median(values)) for name, values in times.items()}
-    print(f"{len(requests)} sampled requests decoding, K = 7, {device}, {rounds} rounds each:")
-    for name, value in medians.items():
-        print(f"  {name:12s} {value:8.2f} ms per proposal (median)")
-    print(f"  per request / batched: {medians['per request'] / medians['batched']:.2f}x")
+
+        return call
+
+    print(f"{len(requests)} sampled requests decoding, K = 7, {device}:")
+    try:
+        ways = {"batched": proposal_with(batched), "per request": proposal_with(per_request_sample)}
+        compare(ways, rounds, device, "proposal")
+    finally:
+        DSparkDrafter._sample = batched
 
 
 if __name__ == "__main__":

@@ -58,22 +58,36 @@ def main() -> None:
         drafts = torch.multinomial(draft_probs, 1).squeeze(1).tolist()
         generator = torch.Generator(device=device).manual_seed(r)
         rounds.append(SampledRound(target, drafts, draft_probs, params, generator))
-    times = {"batched": [], "per request": []}
+
+    def per_request() -> None:
+        for r in rounds:
+            per_request_verify(r.logits, r.drafts, r.draft_probs, r.params, r.generator)
+
+    print(f"{concurrency} sampled rounds of {k} drafts, vocabulary {VOCAB}, {device}:")
+    compare(
+        {"batched": lambda: verify_sampled(rounds), "per request": per_request},
+        repeats,
+        device,
+        "batch",
+    )
+
+
+def compare(ways: dict, repeats: int, device: str, unit: str) -> None:
+    """Time each of ``ways`` (name -> call; "batched" and "per request") ``repeats``
+    times, taking turns, and print the medians and their ratio."""
+    times = {name: [] for name in ways}
     for _ in range(repeats):
-        for name in times:
+        for name, call in ways.items():
             if device == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            if name == "batched":
-                verify_sampled(rounds)
-            else:
-                for r in rounds:
-                    per_request_verify(r.logits, r.drafts, r.draft_probs, r.params, r.generator)
+            call()
+            if device == "cuda":
+                torch.cuda.synchronize()
             times[name].append((time.perf_counter() - start) * 1e3)
     medians = {name: float(np.median(values)) for name, values in times.items()}
-    print(f"{concurrency} sampled rounds of {k} drafts, vocabulary {VOCAB}, {device}:")
     for name, value in medians.items():
-        print(f"  {name:12s} {value:8.2f} ms per batch (median of {repeats})")
+        print(f"  {name:12s} {value:8.2f} ms per {unit} (median of {repeats})")
     print(f"  per request / batched: {medians['per request'] / medians['batched']:.2f}x")
 
 
