@@ -89,6 +89,17 @@ def test_max_tokens_and_eos(server):
     )
     assert "Paris" in answer.choices[0].message.content
     assert answer.choices[0].finish_reason == "stop"  # ended on the end-of-turn token
+    # the ignore_eos extension generates past the end-of-turn token, up to max_tokens
+    length = answer.usage.completion_tokens + 8
+    longer = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=length,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert longer.usage.completion_tokens == length
+    assert longer.choices[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize(
@@ -152,6 +163,7 @@ def test_disconnect_mid_stream_frees_the_slot(server):
         "model": MODEL,
         "prompt": "Write a very long essay about the sea.",
         "max_tokens": 500,
+        "ignore_eos": True,  # the request cannot finish on its own before the hang-up
         "stream": True,
     }
     with httpx.stream("POST", f"{server.base}/v1/completions", json=body, timeout=60) as response:
@@ -179,7 +191,15 @@ def test_graceful_shutdown_finishes_or_explains(smollm2):
     outcome = {}
 
     def long_stream():
-        body = {"model": MODEL, "prompt": "Write a long poem.", "max_tokens": 400, "stream": True}
+        # ignore_eos: the request cannot end on its own before the shutdown (CI ran a
+        # sampled 400-token poem to EOS inside the 2.5 s once, and the test failed)
+        body = {
+            "model": MODEL,
+            "prompt": "Write a long poem.",
+            "max_tokens": 4000,
+            "ignore_eos": True,
+            "stream": True,
+        }
         lines = []
         with httpx.stream("POST", f"{running.base}/v1/completions", json=body, timeout=60) as r:
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]

@@ -18,6 +18,7 @@ class _Request(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)  # extension
+    ignore_eos: bool = False  # extension (as in vLLM): generate past EOS up to max_tokens
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
@@ -51,6 +52,7 @@ class _Request(BaseModel):
             max_tokens=self.max_tokens or default_max_tokens,
             stop=tuple(self.stop or ()),
             seed=self.seed,
+            ignore_eos=self.ignore_eos,
         )
 
     @property
