@@ -41,9 +41,9 @@ def main() -> None:
         print("gate", "mixed" if mixed else "decode", answer)
         return answer
 
-    def traced_record(num_reqs, drafted, tokens, wall_ms, mixed=False):
+    def traced_record(num_reqs, drafted, tokens, wall_ms, mixed=False, *rest):
         print(f"step {'mixed' if mixed else 'decode'} {drafted} {tokens} {wall_ms:.1f}")
-        record(num_reqs, drafted, tokens, wall_ms, mixed)
+        record(num_reqs, drafted, tokens, wall_ms, mixed, *rest)
 
     verifier.drafting_pays = traced_pays
     gate.should_draft, gate.record = traced_draft, traced_record

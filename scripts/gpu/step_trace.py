@@ -15,7 +15,8 @@ the trace argument ignored); ``SETTINGS=none,fixed,adaptive`` picks the settings
 fixed,adaptive; at K, or ``fixed:3`` for another K); ``FULL_WARMUP=1`` warms up on as
 many requests and tokens as are measured (``dspark bench --full-warmup``); ``PROFILE=1``
 prints each setting's host hotspots (cProfile, first repeat; its overhead slows that
-repeat, so read its table for shares, not its tok/s).
+repeat, so read its table for shares, not its tok/s); ``TEMPERATURE=1`` samples (default
+greedy).
 """
 
 import cProfile
@@ -199,9 +200,10 @@ def main() -> None:
     full_warmup = os.environ.get("FULL_WARMUP") == "1"
     num_warm = count if full_warmup else concurrency
     prompts = bench_prompts(None, Args, count + num_warm)
-    params = SamplingParams(temperature=0.0, max_tokens=Args.max_tokens)
+    temperature = float(os.environ.get("TEMPERATURE", "0"))
+    params = SamplingParams(temperature=temperature, max_tokens=Args.max_tokens)
     warm_tokens = Args.max_tokens if full_warmup else max(4, Args.max_tokens // 4)
-    warm = SamplingParams(temperature=0.0, max_tokens=warm_tokens)
+    warm = SamplingParams(temperature=temperature, max_tokens=warm_tokens)
     settings = []
     for name in os.environ.get("SETTINGS", "fixed,adaptive").split(","):
         spec, _, depth = name.partition(":")

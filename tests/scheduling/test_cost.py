@@ -197,6 +197,44 @@ def test_measured_step_overheads_by_bucket_drafted_apart_and_linear_in_depth():
         cost.record_step(4, 4, 0, 0, float("inf"))
 
 
+def test_one_measured_depth_prices_the_others_optimistically():
+    from dspark.scheduling import build_depth_costs
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    # As above: verify T tokens 10 + T ms, drafting d deep d ms, K = 3.
+    tables = build_cost_tables([(1, 3.0), (8, 3.0)], [(1, 11.0), (2, 12.0), (64, 74.0)], 8, 64, 1)
+    depth = build_depth_costs({1: [(1, 1.0), (8, 1.0)], 3: [(1, 3.0), (8, 3.0)]}, 3, 8)
+    cost = ObservedDraftCost(tables, depth_ms=depth)
+    # A new engine's first drafted step, 3 deep with 12 drafts: priced 10 + 16 + 3 = 29,
+    # took 38. Shallower depths ramp up to those 9 ms from 0 (no undrafted step yet);
+    # flat, one deep would have been priced 9 ms over its profile as well.
+    cost.record_step(4, 4, 12, 3, 38.0)
+    assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([3.0, 6.0, 9.0])
+    assert cost.overhead_ms(4, None) == pytest.approx(9.0)
+    np.testing.assert_allclose(cost.draft_costs_by_depth(4, 3), [0.0, 4.0, 8.0, 12.0])
+    # Undrafted steps missing 3 ms: the ramp starts there.
+    cost.record_step(4, 4, 0, 0, 17.0)
+    assert [cost.overhead_ms(4, d) for d in (0, 1, 2, 3)] == pytest.approx([3.0, 5.0, 7.0, 9.0])
+    # A second depth measured: the line through both (3 + 2 · depth), as before.
+    cost.record_step(4, 4, 4, 1, 24.0)  # priced 19, missed 5
+    assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 7.0, 9.0])
+    cost.record_step(4, 4, 4, 1, 26.0)  # missed 7: the depth-1 median is 6
+    assert cost.overhead_ms(4, 2) == pytest.approx(7.5)  # 4.5 + 1.5 · depth
+    # Measured deep first, yet cheaper than undrafted steps: flat, no ramp.
+    other = ObservedDraftCost(tables, depth_ms=depth)
+    other.record_step(4, 4, 0, 0, 17.0)  # 3 ms
+    other.record_step(4, 4, 12, 3, 31.0)  # 2 ms
+    assert [other.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([2.0, 2.0, 2.0])
+    # Measured shallow first: deeper depths stay at the measured overhead.
+    shallow = ObservedDraftCost(tables, depth_ms=depth)
+    shallow.record_step(4, 4, 4, 1, 24.0)
+    assert [shallow.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 5.0, 5.0])
+    # Without K known, the full block is the measured depth's overhead.
+    unknown = ObservedDraftCost(tables)
+    unknown.record_step(4, 4, 12, 3, 38.0)  # priced 10 + 16 + 3 (the full block's 3 ms)
+    assert unknown.overhead_ms(4, None) == pytest.approx(9.0)
+
+
 def test_one_outlying_step_does_not_drag_the_learnt_depth_line():
     from dspark.scheduling.cost import _depth_line
 

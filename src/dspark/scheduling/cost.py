@@ -199,10 +199,16 @@ class ObservedDraftCost:
     * ``record_step``: each whole decoding step's wall time against the price above.
       What the price missed (the drafter's context update, verification, host work) is
       kept per power-of-two bucket of the request count, for undrafted and drafted
-      steps apart, the drafted ones as a robust line in the drafting depth (depths not
-      yet drafted are extrapolated: flat until two depths were measured), and added to
-      the drafter's share (``overhead_ms``; an undrafted step's shows as depth 0 of
-      ``draft_costs_by_depth``).
+      steps apart, the drafted ones as a robust line in the drafting depth, and added
+      to the drafter's share (``overhead_ms``; an undrafted step's shows as depth 0 of
+      ``draft_costs_by_depth``). Until two depths are measured the line's slope is
+      unknown, and depths not yet drafted are priced optimistically on both sides:
+      deeper ones as the measured depth, shallower ones on the way from the undrafted
+      steps' overhead (0 if unmeasured) up to it, in proportion to the depth. A depth
+      priced too low is drafted and so measured; one priced too high would never be
+      (flat pricing let a new engine's first step, drafted the full block deep, price
+      one-deep drafting out of use on this CPU at temperature 1: 28 ms missed at depth
+      7 was charged to depth 1 as well, and the engine stopped drafting).
 
     ``depth_ms`` (``build_depth_costs``) prices drafting ``d < K`` positions per request:
     the drafter's sequential heads stop at the deepest draft any request may verify, so
@@ -239,6 +245,8 @@ class ObservedDraftCost:
         # the (intercept, slope in the depth) they give.
         self._missed: dict[tuple[int, bool], deque] = {}
         self._overhead: dict[tuple[int, bool], tuple[float, float]] = {}
+        # Drafted buckets whose window holds one depth so far: that depth.
+        self._one_depth: dict[tuple[int, bool], int] = {}
 
     def _profiled(self, num_reqs: int, depth: int | None) -> float:
         table = self.depth_ms
@@ -272,25 +280,48 @@ class ObservedDraftCost:
         """What steps of about ``num_reqs`` requests drafted ``depth`` deep (0: undrafted,
         None: the full block) cost beyond their profiled price (0 until measured in any
         bucket)."""
-        fit = self._fit(num_reqs, depth == 0)
-        if fit is None:
-            return 0.0
-        depth = self.num_positions if depth is None else depth
-        intercept, slope = fit
-        return intercept + slope * (depth or 0)
+        if depth == 0:
+            fit = self._fit(num_reqs, True)
+            return 0.0 if fit is None else fit[0]
+        if depth is None:
+            depth = self.num_positions
+            if depth is None:  # the full block, its depth unknown: the line's intercept
+                key = self._fit_key(num_reqs, False)
+                return 0.0 if key is None else self._overhead[key][0]
+        return float(self._drafted_overhead(num_reqs, np.array([depth]))[0])
+
+    def _drafted_overhead(self, num_reqs: int, depths: np.ndarray) -> np.ndarray:
+        """What drafted steps of about ``num_reqs`` requests cost beyond their price, at
+        each of ``depths`` (>= 1): the bucket's line, or with one depth measured the
+        optimistic extrapolation of the class doc."""
+        key = self._fit_key(num_reqs, False)
+        if key is None:
+            return np.zeros(depths.shape)
+        intercept, slope = self._overhead[key]
+        measured = self._one_depth.get(key)
+        if measured is None:
+            return intercept + slope * depths
+        undrafted = self._fit(num_reqs, True)
+        start = 0.0 if undrafted is None else undrafted[0]
+        if intercept <= start:
+            return np.full(depths.shape, intercept)
+        return start + (intercept - start) * np.minimum(depths, measured) / measured
 
     def _fit(self, num_reqs: int, undrafted: bool) -> tuple[float, float] | None:
         """The overhead line of ``num_reqs``'s bucket, or of the nearest bucket measured
         (a batch that shrank or grew into a new bucket starts from its neighbour's price,
         not from the profile's, which real steps never meet)."""
+        key = self._fit_key(num_reqs, undrafted)
+        return None if key is None else self._overhead[key]
+
+    def _fit_key(self, num_reqs: int, undrafted: bool) -> tuple[int, bool] | None:
         bucket = int(num_reqs).bit_length()
-        fit = self._overhead.get((bucket, undrafted))
-        if fit is None:
-            measured = [b for b, u in self._overhead if u == undrafted]
-            if measured:
-                nearest = min(measured, key=lambda b: (abs(b - bucket), b))
-                fit = self._overhead[nearest, undrafted]
-        return fit
+        if (bucket, undrafted) in self._overhead:
+            return bucket, undrafted
+        measured = [b for b, u in self._overhead if u == undrafted]
+        if not measured:
+            return None
+        return min(measured, key=lambda b: (abs(b - bucket), b)), undrafted
 
     def record_step(
         self,
@@ -319,6 +350,12 @@ class ObservedDraftCost:
         window = self._missed.setdefault(key, deque(maxlen=OVERHEAD_WINDOW))
         window.append((depth, wall_ms - price))
         self._overhead[key] = _depth_line(window)
+        if depth:
+            depths = {d for d, _ in window}
+            if len(depths) == 1:
+                self._one_depth[key] = depth
+            else:
+                self._one_depth.pop(key, None)
 
     def draft_cost_ms(self, num_reqs: int, depth: int | None = None) -> float:
         """The drafter's share of a step with ``num_reqs`` requests drafting ``depth``
@@ -337,9 +374,7 @@ class ObservedDraftCost:
             costs = table[depths, min(num_reqs, table.shape[1] - 1)].copy()
         costs *= self._scale(num_reqs)
         costs[0] = 0.0
-        drafted = self._fit(num_reqs, False)
-        if drafted is not None:
-            costs[1:] += drafted[0] + drafted[1] * np.arange(1, num_positions + 1)
+        costs[1:] += self._drafted_overhead(num_reqs, np.arange(1, num_positions + 1))
         undrafted = self._fit(num_reqs, True)
         if undrafted is not None:
             costs[0] += undrafted[0]
