@@ -35,7 +35,12 @@ from dspark.engine.graphs import (
 )
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from dspark.engine.request import Request
-from dspark.engine.sampling import inverse_cdf_draw, target_probs
+from dspark.engine.sampling import (
+    inverse_cdf_draw,
+    request_uniforms,
+    same_distribution_groups,
+    target_probs,
+)
 from dspark.engine.speculative import Proposal
 from dspark.models.config import ModelConfig
 from dspark.models.drafter import CONFIG_FILE, DraftModel, read_drafter_config
@@ -430,22 +435,14 @@ class _SampledRows:
         self, requests: Sequence[Request], sampling: list[int], k: int, device: torch.device
     ) -> None:
         self.rows = torch.tensor(sampling, device=device)
-        groups: dict[tuple, list[int]] = {}
-        for row, i in enumerate(sampling):
-            params = requests[i].params
-            groups.setdefault((params.temperature, params.top_k, params.top_p), []).append(row)
+        params = [requests[i].params for i in sampling]
         self.groups = [
-            (requests[sampling[rows[0]]].params, torch.tensor(rows, device=device))
-            for rows in groups.values()
+            (params[rows[0]], torch.tensor(rows, device=device))
+            for rows in same_distribution_groups(params)
         ]
-        uniforms = []
-        for i in sampling:
-            generator = requests[i].generator
-            where = device if generator is None else generator.device
-            uniforms.append(
-                torch.rand(k, generator=generator, dtype=torch.float64, device=where).to(device)
-            )
-        self.uniforms = torch.stack(uniforms)  # [rows, k]
+        self.uniforms = torch.stack(  # [rows, k]
+            [request_uniforms(requests[i].generator, k, device) for i in sampling]
+        )
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """``[rows, N]`` sampling distributions of the rows' logits."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,26 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def same_distribution_groups(params: Sequence[SamplingParams]) -> list[list[int]]:
+    """Indices into ``params`` grouped by what ``target_probs`` reads (temperature,
+    top-k, top-p), in first-seen order: each group's rows share one ``target_probs``
+    call."""
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(i)
+    return list(groups.values())
+
+
+def request_uniforms(
+    generator: torch.Generator | None, count: int, device: torch.device
+) -> torch.Tensor:
+    """``count`` float64 uniforms in [0, 1) from a request's own generator (drawn on the
+    generator's device; the default one without), on ``device``. Float64: no 2^-24 grid
+    on acceptance tests and inverse-CDF draws."""
+    where = device if generator is None else generator.device
+    return torch.rand(count, generator=generator, dtype=torch.float64, device=where).to(device)
 
 
 def inverse_cdf_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

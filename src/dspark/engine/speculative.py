@@ -20,7 +20,13 @@ import numpy as np
 import torch
 
 from dspark.engine.request import Request
-from dspark.engine.sampling import SamplingParams, inverse_cdf_draw, target_probs
+from dspark.engine.sampling import (
+    SamplingParams,
+    inverse_cdf_draw,
+    request_uniforms,
+    same_distribution_groups,
+    target_probs,
+)
 
 
 @dataclass
@@ -180,15 +186,7 @@ def verify_sampled(rounds: Sequence[SampledRound]) -> list[tuple[int, list[int]]
         return []
     device = rounds[0].logits.device
     probs = _target_distributions(rounds)
-    uniforms = [
-        torch.rand(
-            len(r.drafts) + 1,
-            generator=r.generator,
-            dtype=torch.float64,  # no 2^-24 grid on the acceptance tests and draws
-            device=device if r.generator is None else r.generator.device,
-        ).to(device)
-        for r in rounds
-    ]
+    uniforms = [request_uniforms(r.generator, len(r.drafts) + 1, device) for r in rounds]
     # p(x) and q(x) of every draft, then every uniform: one transfer to the host.
     counts = [len(r.drafts) for r in rounds]
     all_drafts = torch.tensor([x for r in rounds for x in r.drafts], dtype=torch.long)
@@ -238,11 +236,8 @@ def verify_sampled(rounds: Sequence[SampledRound]) -> list[tuple[int, list[int]]
 def _target_distributions(rounds: Sequence[SampledRound]) -> list[torch.Tensor]:
     """Each round's ``[a + 1, V]`` target probabilities, one ``target_probs`` call for
     the rounds that share temperature, top-k and top-p."""
-    groups: dict[tuple, list[int]] = {}
-    for j, r in enumerate(rounds):
-        groups.setdefault((r.params.temperature, r.params.top_k, r.params.top_p), []).append(j)
     probs: list[torch.Tensor] = [rounds[0].logits] * len(rounds)
-    for members in groups.values():
+    for members in same_distribution_groups([r.params for r in rounds]):
         params = rounds[members[0]].params
         if len(members) == 1:
             probs[members[0]] = target_probs(rounds[members[0]].logits, params)

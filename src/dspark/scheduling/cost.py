@@ -280,23 +280,20 @@ class ObservedDraftCost:
         """What steps of about ``num_reqs`` requests drafted ``depth`` deep (0: undrafted,
         None: the full block) cost beyond their profiled price (0 until measured in any
         bucket)."""
-        if depth == 0:
-            fit = self._fit(num_reqs, True)
+        if depth == 0 or (depth is None and self.num_positions is None):
+            # Undrafted, or the full block of an unknown depth: the line's intercept.
+            fit = self._fit(num_reqs, depth == 0)
             return 0.0 if fit is None else fit[0]
-        if depth is None:
-            depth = self.num_positions
-            if depth is None:  # the full block, its depth unknown: the line's intercept
-                key = self._fit_key(num_reqs, False)
-                return 0.0 if key is None else self._overhead[key][0]
-        return float(self._drafted_overhead(num_reqs, np.array([depth]))[0])
+        depth = self.num_positions if depth is None else depth
+        return float(self._drafted_overhead(num_reqs, depth))
 
-    def _drafted_overhead(self, num_reqs: int, depths: np.ndarray) -> np.ndarray:
+    def _drafted_overhead(self, num_reqs: int, depths):
         """What drafted steps of about ``num_reqs`` requests cost beyond their price, at
-        each of ``depths`` (>= 1): the bucket's line, or with one depth measured the
-        optimistic extrapolation of the class doc."""
+        ``depths`` (>= 1; a depth or an array of them): the bucket's line, or with one
+        depth measured the optimistic extrapolation of the class doc."""
         key = self._fit_key(num_reqs, False)
         if key is None:
-            return np.zeros(depths.shape)
+            return 0.0 * depths
         intercept, slope = self._overhead[key]
         measured = self._one_depth.get(key)
         if measured is None:
@@ -304,7 +301,7 @@ class ObservedDraftCost:
         undrafted = self._fit(num_reqs, True)
         start = 0.0 if undrafted is None else undrafted[0]
         if intercept <= start:
-            return np.full(depths.shape, intercept)
+            return intercept + 0.0 * depths
         return start + (intercept - start) * np.minimum(depths, measured) / measured
 
     def _fit(self, num_reqs: int, undrafted: bool) -> tuple[float, float] | None:
