@@ -65,6 +65,7 @@ def traced(engine, log):
         stats = engine.stats
         generated, captures = stats.num_generated, engine.num_captures()
         undrafted, budgets = stats.depth_steps[0], len(stats.budgets)
+        proposals = len(stats.drafter_ms)
         scheduled.clear()
         start = time.perf_counter()
         out = step()
@@ -81,6 +82,7 @@ def traced(engine, log):
                 "undrafted": stats.depth_steps[0] > undrafted,
                 "budget": stats.budgets[-1] if len(stats.budgets) > budgets else None,
                 "depth": (engine._priced_step or (0, 0, None, 0))[2],
+                "drafter": stats.drafter_ms[-1] if len(stats.drafter_ms) > proposals else None,
             }
         )
         return out
@@ -140,20 +142,37 @@ def print_full_batch_by_depth(log, num_reqs, adaptive) -> None:
     """Decode steps of the full batch (``num_reqs`` requests, no prompt chunk, no capture)
     by drafting depth: steps, ms/step and tokens/step, where what a deeper draft costs
     and earns on this device shows without the batch size mixed in."""
-    rows = defaultdict(lambda: [0, 0.0, 0])
+    rows = defaultdict(lambda: [0, 0.0, 0, [], []])
+    sequence = []
     for entry in log:
         if entry["num_reqs"] != num_reqs or not classify(entry, adaptive).startswith("decode"):
             continue
         depth = entry["depth"] if adaptive else "K"
-        row = rows[0 if entry["undrafted"] else depth]
+        depth = 0 if entry["undrafted"] else depth
+        sequence.append(str(depth))
+        row = rows[depth]
         row[0] += 1
         row[1] += entry["wall"]
         row[2] += entry["tokens"]
+        row[3].append(entry["wall"])
+        if entry["drafter"] is not None:
+            row[4].append(entry["drafter"])
     cells = [
-        f"{depth}: {steps} x {wall / steps:.2f} ms, {toks / steps:.1f} tok"
-        for depth, (steps, wall, toks) in sorted(rows.items(), key=lambda kv: str(kv[0]))
+        f"{depth}: {steps} x {wall / steps:.2f} ms (p50 {np.median(walls):.2f}, drafter p50 "
+        f"{np.median(drafter) if drafter else 0:.2f}), {toks / steps:.1f} tok"
+        for depth, (steps, wall, toks, walls, drafter) in sorted(
+            rows.items(), key=lambda kv: str(kv[0])
+        )
     ]
     print(f"  full-batch ({num_reqs}) decode steps by depth:", "; ".join(cells) or "none")
+    if adaptive and sequence:  # the depth chosen, step by step (runs: depth x count)
+        runs = []
+        for depth in sequence:
+            if runs and runs[-1][0] == depth:
+                runs[-1][1] += 1
+            else:
+                runs.append([depth, 1])
+        print("  full-batch depth sequence:", " ".join(f"{d}x{n}" for d, n in runs))
 
 
 def print_prices(verifier, num_reqs) -> None:
@@ -177,6 +196,9 @@ def print_prices(verifier, num_reqs) -> None:
             for (bucket, undrafted), (a, b) in sorted(overhead.items())
         }
         print("  measured overhead lines (intercept ms, ms per depth):", lines)
+        slopes = getattr(model, "_slope", None)
+        if slopes:
+            print("  remembered slopes (ms per depth, steps at one depth since):", slopes)
     print(
         f"  population survival {np.round(verifier.population_survival, 3).tolist()}, "
         f"predictiveness {verifier.predictiveness:.3f}"
