@@ -141,7 +141,7 @@ def test_a_full_warmup_runs_as_many_tokens_as_the_measured_run(tiny, monkeypatch
     real_loop, loops = sweep.closed_loop, []
 
     def logged_loop(engine, prompts, params, concurrency):
-        loops.append((len(prompts), params.max_tokens))
+        loops.append((len(prompts), params.max_tokens, params.temperature, params.top_k))
         return real_loop(engine, prompts, params, concurrency)
 
     monkeypatch.setattr(sweep, "closed_loop", logged_loop)
@@ -149,4 +149,9 @@ def test_a_full_warmup_runs_as_many_tokens_as_the_measured_run(tiny, monkeypatch
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     measure(engine, Setting("none", 0), prompts[3:], params, 2, prompts[:3], True)
     measure(engine, Setting("none", 0), prompts[3:], params, 2, prompts[:1])
-    assert loops == [(3, 8), (3, 8), (1, 4), (3, 8)]
+    assert loops == [(3, 8, 0.0, 0), (3, 8, 0.0, 0), (1, 4, 0.0, 0), (3, 8, 0.0, 0)]
+    # A sampled run warms up sampling the same way (what adaptive learns there carries).
+    loops.clear()
+    sampled = SamplingParams(temperature=0.7, top_k=5, max_tokens=8, ignore_eos=True, seed=1)
+    measure(engine, Setting("none", 0), prompts[3:], sampled, 2, prompts[:1])
+    assert loops == [(1, 4, 0.7, 5), (3, 8, 0.7, 5)]

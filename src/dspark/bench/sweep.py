@@ -33,7 +33,7 @@ import argparse
 import json
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -131,9 +131,12 @@ def measure(
     the first prompt) at the same concurrency: a serving engine runs in steady state, with
     its graphs captured and (adaptive) its step costs measured, and so does the bench.
     ``full_warmup``: the warm-up requests run as many tokens as the measured ones (else a
-    quarter), so that they meet the measured run's step shapes (contexts as long)."""
+    quarter), so that they meet the measured run's step shapes (contexts as long). The
+    warm-up samples as the measured run does: what adaptive verification learns there
+    (the drafts' survival, what drafting costs and earns) is what it meets next, and a
+    greedy warm-up before a run at temperature 1 taught it greedy acceptance."""
     warm_tokens = params.max_tokens if full_warmup else max(4, params.max_tokens // 4)
-    warm = SamplingParams(temperature=0.0, max_tokens=warm_tokens)
+    warm = replace(params, max_tokens=warm_tokens)
     closed_loop(engine, warmup or prompts[:1], warm, concurrency)
     engine.stats.__init__()
     captures, capture_s = engine.num_captures(), engine.capture_seconds()
