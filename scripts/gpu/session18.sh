@@ -13,6 +13,9 @@
 #                                          round at 64 (run with LIMIT64=1: skipped)
 #   bash scripts/gpu/session18.sh c16x5    no spec, K = 3 and adaptive at 16 and 4, 48
 #                                          requests, five repeats
+#   bash scripts/gpu/session18.sh t1c4     temperature 1 at 4 (no spec, K = 3, adaptive; the
+#                                          warm-up now samples too), then step traces at 4,
+#                                          no spec against adaptive, the first cProfile'd
 #   KS="7 3" bash scripts/gpu/session18.sh ks
 #                                          adaptive with K = 7 and 3 (KS) against K = 3 at
 #                                          16, 64, 4 and 1 (16 requests at least, 2 repeats),
@@ -57,6 +60,17 @@ case "$1" in
       --prompts .gpu/prompts.npz --drafter dspark --fixed 3 --max-tokens 128 --full-warmup \
       --concurrency 16 4 --min-requests 48 --repeats 5 --out "$OUT/c16c4" 2>&1 \
       | grep -v "it/s\]\|s/it\]" | tail -12
+    ;;
+  t1c4)  # temperature 1 at 4 after the sampled warm-up, then where an undrafted step's time goes
+    timeout 200 python3 -m dspark.cli bench --model $G --device cuda --dtype bfloat16 \
+      --prompts .gpu/prompts.npz --drafter dspark --fixed 3 --max-tokens 128 --full-warmup \
+      --temperature 1 --concurrency 4 --min-requests 48 --repeats 3 --out "$OUT/t1c4" 2>&1 \
+      | grep -v "it/s\]\|s/it\]" | tail -8
+    rm -rf "$OUT/t1c4/profiles"
+    MODEL=$G SETTINGS=none,adaptive FULL_WARMUP=1 PROFILE=1 TEMPERATURE=1 timeout 150 \
+      python3 scripts/gpu/step_trace.py 4 7 none 128 2 2>&1 | grep -v "it/s\]\|s/it\]" \
+      > "$OUT/step_trace_t1_c4.txt"
+    grep -E "^===|medians per|full-batch|depth steps|Error" "$OUT/step_trace_t1_c4.txt"
     ;;
   ks)  # adaptive's largest depth (the drafter's block) against K = 3, at 1, 4, 16 and 64
     for k in ${KS:-7 3}; do
