@@ -65,7 +65,11 @@ def traced(engine, log):
         stats = engine.stats
         generated, captures = stats.num_generated, engine.num_captures()
         undrafted, budgets = stats.depth_steps[0], len(stats.budgets)
-        proposals = len(stats.drafter_ms)
+        proposals, forwards, applies = (
+            len(stats.drafter_ms),
+            len(stats.forward_ms),
+            len(stats.apply_ms),
+        )
         scheduled.clear()
         start = time.perf_counter()
         out = step()
@@ -83,6 +87,8 @@ def traced(engine, log):
                 "budget": stats.budgets[-1] if len(stats.budgets) > budgets else None,
                 "depth": (engine._priced_step or (0, 0, None, 0))[2],
                 "drafter": stats.drafter_ms[-1] if len(stats.drafter_ms) > proposals else None,
+                "forward": stats.forward_ms[-1] if len(stats.forward_ms) > forwards else None,
+                "apply": stats.apply_ms[-1] if len(stats.apply_ms) > applies else None,
             }
         )
         return out
@@ -140,9 +146,11 @@ def print_by_batch_size(log, adaptive):
 
 def print_full_batch_by_depth(log, num_reqs, adaptive) -> None:
     """Decode steps of the full batch (``num_reqs`` requests, no prompt chunk, no capture)
-    by drafting depth: steps, ms/step and tokens/step, where what a deeper draft costs
-    and earns on this device shows without the batch size mixed in."""
-    rows = defaultdict(lambda: [0, 0.0, 0, [], []])
+    by drafting depth: steps, ms/step and tokens/step, the medians of the step's wall
+    time and of its proposal, forward and apply phases, where what a deeper draft costs
+    (and in which phase) and earns on this device shows without the batch size mixed in;
+    and for adaptive the depth chosen, step by step."""
+    rows = defaultdict(lambda: [0, 0.0, 0, [], [], [], []])
     sequence = []
     for entry in log:
         if entry["num_reqs"] != num_reqs or not classify(entry, adaptive).startswith("decode"):
@@ -155,12 +163,18 @@ def print_full_batch_by_depth(log, num_reqs, adaptive) -> None:
         row[1] += entry["wall"]
         row[2] += entry["tokens"]
         row[3].append(entry["wall"])
-        if entry["drafter"] is not None:
-            row[4].append(entry["drafter"])
+        for column, name in ((4, "drafter"), (5, "forward"), (6, "apply")):
+            if entry[name] is not None:
+                row[column].append(entry[name])
+
+    def p50(values):
+        return np.median(values) if values else 0.0
+
     cells = [
-        f"{depth}: {steps} x {wall / steps:.2f} ms (p50 {np.median(walls):.2f}, drafter p50 "
-        f"{np.median(drafter) if drafter else 0:.2f}), {toks / steps:.1f} tok"
-        for depth, (steps, wall, toks, walls, drafter) in sorted(
+        f"{depth}: {steps} x {wall / steps:.2f} ms (p50 {p50(walls):.2f}; drafter "
+        f"{p50(drafter):.2f}, forward {p50(forward):.2f}, apply {p50(apply):.2f}), "
+        f"{toks / steps:.1f} tok"
+        for depth, (steps, wall, toks, walls, drafter, forward, apply) in sorted(
             rows.items(), key=lambda kv: str(kv[0])
         )
     ]
