@@ -210,9 +210,6 @@ def print_prices(verifier, num_reqs) -> None:
             for (bucket, undrafted), (a, b) in sorted(overhead.items())
         }
         print("  measured overhead lines (intercept ms, ms per depth):", lines)
-        slopes = getattr(model, "_slope", None)
-        if slopes:
-            print("  remembered slopes (ms per depth, steps at one depth since):", slopes)
     print(
         f"  population survival {np.round(verifier.population_survival, 3).tolist()}, "
         f"predictiveness {verifier.predictiveness:.3f}"
