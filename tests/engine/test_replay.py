@@ -340,9 +340,13 @@ def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=
     ]
     depths = []
     drafting_depth = engine._drafting_depth
+    engine.hits_below_k = 0  # decisions taken ahead for a batch with a limit below K
 
     def logged(batch, limits):
+        hits = engine.stats.lookahead_hits
         depths.append(drafting_depth(batch, limits))
+        if engine.stats.lookahead_hits > hits and (limits < 7).any():
+            engine.hits_below_k += 1
         return depths[-1]
 
     engine._drafting_depth = logged
@@ -383,8 +387,10 @@ def test_drafting_decisions_taken_ahead_are_the_ones_taken_in_step(
     # the later decisions read the same state as relaxing at once.
     assert on_depths.count(0) >= 3
     assert off.stats.lookahead_hits == 0
-    # Some decisions were taken ahead, not all: batches changed and limits fell below K.
+    # Some decisions were taken ahead, not all: batches changed and limits fell below K,
+    # some of them with room still for the depth decided (taken ahead all the same).
     assert 10 <= on.stats.lookahead_hits < len(on_depths)
+    assert on.hits_below_k >= 3
 
 
 def test_a_changed_batch_may_take_the_depth_decided_ahead(shaped, draft_model, monkeypatch):

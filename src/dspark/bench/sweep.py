@@ -30,6 +30,7 @@ spent choosing the budget and allocating drafts. Writes a table, JSON and PNG pl
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import time
@@ -351,7 +352,10 @@ def main(args: argparse.Namespace) -> None:
         warmup, measured = prompts[:num_warmup], prompts[num_warmup:]
         result = measure(engine, setting, measured, params, concurrency, warmup, args.full_warmup)
         runs.setdefault((setting.label, concurrency), []).append(result)
+        # An engine holds reference cycles (its scheduler calls back into it): collected
+        # now, not by a cycle collection that would pause some later setting's run.
         del engine
+        gc.collect()
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()  # the next engine allocates its own KV cache
         partial = [asdict(m) for ms in runs.values() for m in ms]  # survives an interruption

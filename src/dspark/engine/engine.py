@@ -705,7 +705,9 @@ class LLMEngine:
             and ahead[4] is not None
             and batch.num_sampling == num_reqs == batch.decode_index.shape[0]
             and np.array_equal(ahead[1], batch.slots)
-            and (limits == self.config.num_drafts).all()
+            # Decided for limits of K: the same answer for any limits that leave room for
+            # the best drafted plan's depth (``_look_ahead``).
+            and (limits >= ahead[3]).all()
         ):
             depth, self.verifier.probe_depth = ahead[2], ahead[3]
             self.stats.lookahead_hits += 1
@@ -745,10 +747,14 @@ class LLMEngine:
         (this step's among them), never the next step's drafts, which do not exist yet:
         as lossless as deciding at the next step.
 
-        When the next batch can be exactly these decodes (no prompt chunk now, no request
-        within K drafts of its length limit, whose next limit would depend on what this
-        step accepts), ``_drafting_depth`` takes it as that step's own decision if the
-        batch is indeed that; against deciding then it lacks only this step's timing (the
+        When the next batch can be exactly these decodes (no prompt chunk now),
+        ``_drafting_depth`` takes it as that step's own decision if the batch is indeed
+        that and every draft limit leaves room for the best drafted plan's depth
+        (``probe_depth``; a request near its length limit has a lower limit next step, by
+        how much depends on what this step accepts): a limit below K only removes plans
+        deeper than itself, so the best plan, and whether it beats not drafting, are the
+        ones the step's own limits give (up to rounding in the prices). Against deciding
+        then it lacks only this step's timing (the
         cost model learns it during the next forward) and this step's accepted drafts in the
         context count it passes (no shipped cost model reads the context). It then also
         plans that step's budget (``AdaptiveVerifier.plan(..., ahead=True)``: from the
@@ -767,13 +773,9 @@ class LLMEngine:
             self.verifier.record(*self._unrecorded)
             self._unrecorded = None
         k = self.config.num_drafts
-        # The next batch can be exactly these decodes, each with a full K: then the decision
-        # is that step's own, and its budget can be planned now too.
-        exact = all(c.is_decode for c in chunks) and all(
-            # This step emits up to len(extra) + 1 tokens; the next limit must stay K.
-            self._tokens_left(chunk.request) - (len(extra) + 1) - 1 >= k
-            for chunk, extra in zip(chunks, drafts, strict=True)
-        )
+        # The next batch can be exactly these decodes: then the decision (and the budget
+        # planned for it) is that step's own if its limits leave room for the depth.
+        exact = all(c.is_decode for c in chunks)
         decoding = [c for c in chunks if c.is_decode]
         if not decoding or not (exact or self.config.lookahead_reuse is not None):
             self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
