@@ -199,6 +199,8 @@ def main() -> None:
         engine = engine_for(loaded, setting, concurrency, Args)
         if drawn:
             engine.gate = None  # every draw is drafted
+        if os.environ.get("LOOKAHEAD") == "on" and engine.verifier is not None:
+            engine.lookahead = True  # as on CUDA (for a CPU run of the host's share)
         closed_loop(engine, prompts[:count], params, concurrency)  # warm-up, as measured
         engine.stats.__init__()
         instrument(engine, drawn, rng, log, setting.k if setting.spec == "fixed" else 0)

@@ -7,6 +7,7 @@
 #                                         (ab_files.sh, ROUNDS rounds, 48 requests)
 #   PROBE="4 1,2,3,4" bash scripts/gpu/session19.sh probe   another concurrency and depths
 #   (PROBE_REPEATS, RUNS for depth_probe.py; AB_CONC, AB_ROUNDS (0: no A/B), LIMIT)
+#   bash scripts/gpu/session19.sh bench   K = 3 and adaptive at 16 and 4, REPEATS (3)
 source scripts/gpu/env.sh
 set +e +o pipefail
 export G OUT
@@ -21,5 +22,12 @@ case "$1" in
       OLD=.gpu/old CONC=${AB_CONC:-16} ROUNDS=${AB_ROUNDS:-3} MINREQ=48 LIMIT=${LIMIT:-70} \
         bash scripts/gpu/ab_files.sh 2>&1 | tee "$OUT/ab_c$(echo ${AB_CONC:-16} | tr " " _).txt"
     fi
+    ;;
+  bench)  # K = 3 against adaptive at 16 and 4, interleaved repeats, 48 requests
+    timeout ${LIMIT:-300} python3 -m dspark.cli bench --model $G --device cuda --dtype bfloat16 \
+      --prompts .gpu/prompts.npz --drafter dspark --fixed 3 --max-tokens 128 --full-warmup \
+      --no-baseline --concurrency 16 4 --min-requests 48 --repeats ${REPEATS:-3} \
+      --out "$OUT/c16c4" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -14
+    rm -rf "$OUT/c16c4/profiles"
     ;;
 esac

@@ -678,13 +678,20 @@ class LLMEngine:
 
     def _batch_shape(self, chunks: list[ScheduledChunk], decode_index: list[int]) -> _Batch:
         start = time.perf_counter()
-        slots = np.fromiter((c.request.slot for c in chunks), np.int64, len(chunks))
+        slots, non_draft = [], []
+        num_sampling = context = 0
+        for chunk in chunks:  # one pass: this runs on the host's critical path every step
+            request = chunk.request
+            slots.append(request.slot)
+            non_draft.append(chunk.num_tokens)
+            num_sampling += chunk.samples
+            context += request.num_computed
         batch = _Batch(
-            slots=slots,
+            slots=np.array(slots, dtype=np.int64),
             decode_index=np.array(decode_index, dtype=np.int64),
-            non_draft=np.fromiter((c.num_tokens for c in chunks), np.int64, len(chunks)),
-            num_sampling=sum(c.samples for c in chunks),
-            context=sum(c.request.num_computed for c in chunks),
+            non_draft=np.array(non_draft, dtype=np.int64),
+            num_sampling=num_sampling,
+            context=context,
         )
         batch.host_ms = (time.perf_counter() - start) * 1e3
         return batch
@@ -704,7 +711,8 @@ class LLMEngine:
             ahead is not None
             and ahead[4] is not None
             and batch.num_sampling == num_reqs == batch.decode_index.shape[0]
-            and np.array_equal(ahead[1], batch.slots)
+            and ahead[1].shape == batch.slots.shape
+            and not (ahead[1] != batch.slots).any()
             # Decided for limits of K: the same answer for any limits that leave room for
             # the best drafted plan's depth (``_look_ahead``).
             and (limits >= ahead[3]).all()
@@ -825,11 +833,12 @@ class LLMEngine:
         start = time.perf_counter()
         k = self.config.num_drafts
         decode_index = batch.decode_index
+        decoding = decode_index.tolist()
         confidences = proposal.confidences
         if confidences is None:
             confidences = self.acceptance.confidences(decode_index.shape[0])
         num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
-        num_drafts[decode_index] = [len(drafts[i]) for i in decode_index]
+        num_drafts[decode_index] = [len(drafts[i]) for i in decoding]
         rows = np.asarray(confidences)[:, :k]
         planned, self._planned = self._planned, None
         ahead = (
@@ -850,8 +859,13 @@ class LLMEngine:
                 self.stats.drafting_plans += 1
         else:
             budget = self._plan_budget(batch, num_drafts)
-        if drafted.any():
+        if drafted.all():  # the usual case: no copies to select the drafted rows
+            round_ = (batch.slots[decode_index], rows)
+        elif drafted.any():
             round_ = (batch.slots[decode_index[drafted]], rows[drafted])
+        else:
+            round_ = None
+        if round_ is not None:
             if self.lookahead:
                 # The record (its bookkeeping is most of this call's host time) waits for
                 # the look-ahead, which runs while the device computes this step's forward.
@@ -859,7 +873,8 @@ class LLMEngine:
             else:
                 self.verifier.record(*round_)
         admitted = np.minimum(num_drafts, budget)  # all of them, or none
-        if 0 < budget < num_drafts.sum():
+        total = int(num_drafts.sum())
+        if 0 < budget < total:
             # Only decoding requests have drafts; the others would admit nothing anyway,
             # and dropping them keeps the batch order, so ties resolve alike.
             counts = num_drafts[decode_index]
@@ -872,8 +887,9 @@ class LLMEngine:
             else:  # ``AdaptiveVerifier.allocate`` on this round, before it is recorded
                 admitted[decode_index] = allocate_drafts(rows, counts, budget)
         self.stats.budgets.append(budget)
-        for i in decode_index.tolist():
-            drafts[i] = drafts[i][: admitted[i]]
+        if budget < total:  # else every draft is admitted: nothing to cut
+            for i, count in zip(decoding, admitted[decode_index].tolist(), strict=True):
+                del drafts[i][count:]
         self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3)
 
     def _apply(
