@@ -28,36 +28,24 @@ import time
 from collections import defaultdict
 
 import numpy as np
+import step_trace  # this directory's; the script's own directory is on sys.path
 import torch
 
 from dspark.bench.sweep import Setting, bench_prompts, closed_loop, engine_for
-from dspark.engine.graphs import CAPTURE_AFTER_WASTE
 from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import load_model
 
 
-class Args:
+class Args(step_trace.Args):  # what engine_for and bench_prompts read
     out = "/tmp/depth-probe"
-    device = os.environ.get("DEVICE", "cuda")
-    drafter = "auto"
-    max_prompt_tokens = 256
     max_tokens = 128
-    shape = None
+    shape = None  # SmolLM2 with its shipped drafter, not a random-weight shape
     prompts = os.environ.get("PROMPTS", ".gpu/prompts.npz")
-    dataset = "sharegpt"
-    graph_padding_budget = CAPTURE_AFTER_WASTE
 
 
 def expected_by_position(verifier, slots: np.ndarray) -> np.ndarray:
-    """``[K]``: the survival the verifier plans with (latest recorded, shrunk towards the
-    population by its predictiveness), summed over ``slots``."""
-    latest = verifier._fresh[slots].copy()
-    unrecorded = verifier._unrecorded[slots]
-    population = verifier.population_survival
-    latest[unrecorded] = population
-    weight = verifier.predictiveness
-    latest = population + weight * (latest - population)
-    return latest.sum(axis=0)
+    """``[K]``: the survival the verifier plans the slots' coming round with, summed."""
+    return verifier.predicted_survival(slots).sum(axis=0)
 
 
 def latest(values, mark: int) -> float:
@@ -82,12 +70,16 @@ def instrument(engine, depths, rng, log, fixed=0):
 
     def schedule_logged(*args, **kwargs):
         chunks = schedule(*args, **kwargs)
+        start = time.perf_counter()
         slots = np.array([c.request.slot for c in chunks if c.is_decode], dtype=np.int64)
         seen["decode"] = bool(chunks) and all(c.is_decode for c in chunks)
         seen["num_reqs"] = len(chunks)
         seen["expected"] = (
             expected_by_position(verifier, slots) if slots.size and verifier else None
         )
+        # The probe's own bookkeeping is not the step's: it leaves the step's wall time
+        # (else the adaptive runs, which compute the expectation, pay for it).
+        seen["probe_ms"] = (time.perf_counter() - start) * 1e3
         return chunks
 
     def wrapped():
@@ -100,6 +92,7 @@ def instrument(engine, depths, rng, log, fixed=0):
         out = step()
         wall = (time.perf_counter() - start) * 1e3
         if seen:
+            wall -= seen["probe_ms"]
             phases = [
                 values[-1] if len(values) > mark else None
                 for values, mark in zip(

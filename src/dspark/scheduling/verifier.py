@@ -319,16 +319,7 @@ class AdaptiveVerifier:
         now and then, so that a learnt price can come back down, drafts that deep).
         """
         slots = self._check_slots(slots)
-        latest = self._fresh.take(slots, axis=0)
-        unrecorded = self._unrecorded.take(slots)
-        population = self._population()
-        if unrecorded.any():  # no track record yet: as the population's drafts survive
-            latest[unrecorded] = population
-        weight = self.predictiveness
-        if weight < 1.0:  # the best linear prediction of the coming round (module doc)
-            latest -= population
-            latest *= weight
-            latest += population
+        latest = self.predicted_survival(slots)
         priced = self._priced_plan(
             slots, num_drafts, num_non_draft, num_sampling, context_tokens, latest
         )
@@ -356,6 +347,23 @@ class AdaptiveVerifier:
         best = int(rates[1:].argmax()) + 1  # the first maximum: ties go shallower
         self.probe_depth = best if np.isfinite(rates[best]) else 0
         return best if rates[best] > rates[0] else 0
+
+    def predicted_survival(self, slots: np.ndarray) -> np.ndarray:
+        """``[num_reqs, K]`` survival that ``drafting_pays`` expects of the slots' coming
+        round (a copy): the latest recorded, the population's for a slot with none yet,
+        shrunk towards the population by ``predictiveness``."""
+        slots = self._check_slots(slots)
+        latest = self._fresh.take(slots, axis=0)
+        unrecorded = self._unrecorded.take(slots)
+        population = self._population()
+        if unrecorded.any():  # no track record yet: as the population's drafts survive
+            latest[unrecorded] = population
+        weight = self.predictiveness
+        if weight < 1.0:  # the best linear prediction of the coming round (module doc)
+            latest -= population
+            latest *= weight
+            latest += population
+        return latest
 
     def _priced_plan(
         self, slots, num_drafts, num_non_draft, num_sampling, context_tokens, state=None
