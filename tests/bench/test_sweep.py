@@ -155,3 +155,28 @@ def test_a_full_warmup_runs_as_many_tokens_as_the_measured_run(tiny, monkeypatch
     sampled = SamplingParams(temperature=0.7, top_k=5, max_tokens=8, ignore_eos=True, seed=1)
     measure(engine, Setting("none", 0), prompts[3:], sampled, 2, prompts[:1])
     assert loops == [(1, 4, 0.7, 5), (3, 8, 0.7, 5)]
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_the_measured_run_freezes_the_heap_and_counts_its_full_collections(tiny, freeze):
+    import gc
+
+    engine = LLMEngine(tiny, EngineConfig(max_num_seqs=2))
+    step, frozen, calls = engine.step, [], [0]
+
+    def step_that_collects():
+        calls[0] += 1
+        frozen.append(gc.get_freeze_count())
+        if calls[0] == 6:  # in the measured run (the warm-up: one request, 4 tokens, 4 steps)
+            gc.collect()
+        return step()
+
+    engine.step = step_that_collects
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    result = measure(engine, Setting("none", 0), [[1, 2, 3]] * 3, params, 2, freeze_gc=freeze)
+    assert calls[0] > 6
+    # The warm-up (steps 1-4) ran unfrozen; the measured steps frozen, or not.
+    assert frozen[:4] == [0, 0, 0, 0]
+    assert all((count > 0) == freeze for count in frozen[4:])
+    assert gc.get_freeze_count() == 0  # unfrozen again: a dropped engine is freed
+    assert result.heap_frozen == freeze and result.gc_full == 1 and result.gc_full_s > 0

@@ -34,6 +34,7 @@ import gc
 import json
 import platform
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from tqdm import tqdm
 from dspark.engine.drafter import DSparkDrafter
 from dspark.engine.engine import EngineConfig, LLMEngine, drafter_rows
 from dspark.engine.graphs import CAPTURE_AFTER_WASTE
+from dspark.engine.heap import CollectorPauses, frozen_heap
 from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
 from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import load_model, resolve_dtype, resolve_model_path
@@ -96,6 +98,10 @@ class Measurement:
     lookahead_plans: int = 0  # adaptive: of the hits, budgets planned ahead too
     drafting_plans: int = 0  # adaptive: budgets planned while the drafter ran
     lookahead_reused: int = 0  # adaptive: depths decided ahead for a batch that changed
+    heap_frozen: bool = False  # the start-up heap frozen for the run (``--freeze-gc``)
+    gc_full: int = 0  # full (oldest-generation) collections while measuring
+    gc_full_s: float = 0.0  # their seconds (inside the wall time)
+    gc_s: float = 0.0  # seconds of every collection while measuring
 
 
 def closed_loop(
@@ -127,6 +133,7 @@ def measure(
     concurrency: int,
     warmup: list[list[int]] | None = None,
     full_warmup: bool = False,
+    freeze_gc: bool = True,
 ) -> Measurement:
     """One closed-loop run of ``prompts``, after a shorter one over ``warmup`` (default:
     the first prompt) at the same concurrency: a serving engine runs in steady state, with
@@ -135,14 +142,21 @@ def measure(
     quarter), so that they meet the measured run's step shapes (contexts as long). The
     warm-up samples as the measured run does: what adaptive verification learns there
     (the drafts' survival, what drafting costs and earns) is what it meets next, and a
-    greedy warm-up before a run at temperature 1 taught it greedy acceptance."""
+    greedy warm-up before a run at temperature 1 taught it greedy acceptance.
+
+    ``freeze_gc``: the heap as the warm-up leaves it is frozen for the measured run
+    (``dspark.engine.heap``), as a serving engine freezes its start-up heap, so that a
+    full collection does not walk the model's objects in some run's step; the run's
+    collections are counted either way (``gc_full``, ``gc_full_s``, ``gc_s``)."""
     warm_tokens = params.max_tokens if full_warmup else max(4, params.max_tokens // 4)
     warm = replace(params, max_tokens=warm_tokens)
     closed_loop(engine, warmup or prompts[:1], warm, concurrency)
     engine.stats.__init__()
     captures, capture_s = engine.num_captures(), engine.capture_seconds()
     covered = engine.graphs.num_covered if engine.graphs is not None else 0
-    finished, seconds = closed_loop(engine, prompts, params, concurrency)
+    pauses = CollectorPauses()
+    with frozen_heap() if freeze_gc else nullcontext(), pauses.watching():
+        finished, seconds = closed_loop(engine, prompts, params, concurrency)
     capture_s = engine.capture_seconds() - capture_s
     if engine.graphs is not None:
         covered = engine.graphs.num_covered - covered
@@ -188,6 +202,10 @@ def measure(
         lookahead_plans=stats.lookahead_plans,
         drafting_plans=stats.drafting_plans,
         lookahead_us_per_step=sum(stats.lookahead_ms) * 1e3 / max(stats.num_steps, 1),
+        heap_frozen=freeze_gc,
+        gc_full=pauses.counts[2],
+        gc_full_s=pauses.seconds[2],
+        gc_s=sum(pauses.seconds),
         depth_steps=[stats.depth_steps[d] for d in range(setting.k + 1)]
         if setting.spec == "adaptive"
         else [],
@@ -221,6 +239,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="warm up on as many requests and tokens as are measured (other prompts), so "
         "that graph shapes are captured before measuring; default: a quarter of the tokens "
         "of one request per user",
+    )
+    parser.add_argument(
+        "--freeze-gc",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="freeze the heap after each warm-up for the measured run, as a serving engine "
+        "freezes its start-up heap (dspark.engine.heap); collections while measuring are "
+        "reported either way",
     )
     parser.add_argument("--min-requests", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=48)
@@ -350,7 +376,16 @@ def main(args: argparse.Namespace) -> None:
         if engine.drafter is not None:
             drafter_name = type(engine.drafter).__name__
         warmup, measured = prompts[:num_warmup], prompts[num_warmup:]
-        result = measure(engine, setting, measured, params, concurrency, warmup, args.full_warmup)
+        result = measure(
+            engine,
+            setting,
+            measured,
+            params,
+            concurrency,
+            warmup,
+            args.full_warmup,
+            args.freeze_gc,
+        )
         runs.setdefault((setting.label, concurrency), []).append(result)
         # An engine holds reference cycles (its scheduler calls back into it): collected
         # now, not by a cycle collection that would pause some later setting's run.
@@ -401,6 +436,9 @@ def summarise(measurements: list[Measurement]) -> dict:
         "lookahead_plans",
         "drafting_plans",
         "lookahead_reused",
+        "gc_full",
+        "gc_full_s",
+        "gc_s",
     ):
         row[key] = float(np.median([getattr(m, key) for m in measurements]))
     for key in ("acceptance_length", "verified_per_round"):
@@ -435,6 +473,13 @@ def report(
     verdicts = compare(rows)
     for line in verdicts:
         print(line)
+    collected = [r for r in rows if r["gc_full"] > 0]
+    for row in collected:  # a full collection pauses whichever step triggers it
+        print(
+            f"[dspark] c{row['concurrency']} {row['label']}: {row['gc_full']:.0f} full "
+            f"garbage collections while measuring ({1e3 * row['gc_full_s']:.1f} ms, median "
+            f"over repeats; heap {'frozen' if row['heap_frozen'] else 'not frozen'})"
+        )
     model = args.model or "SmolLM2-135M-Instruct"
     acceptance = "computed (target verifies the drafts)"
     if replay is not None:

@@ -43,6 +43,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
+    from dspark.engine.heap import freeze_heap
     from dspark.server.serve import GracefulServer, create_app
 
     dtype = resolve_dtype(args.dtype, args.device)
@@ -65,4 +66,7 @@ def main(args: argparse.Namespace) -> None:
         args.grace_seconds,
         args.served_name,
     )
+    # The model, tokenizer and engine live as long as the process: no full collection
+    # walks them again (dspark.engine.heap).
+    freeze_heap()
     GracefulServer(app, runner, args.host, args.port, args.grace_seconds).run()
