@@ -115,10 +115,17 @@ def test_undrafted_steps_far_behind_are_explored_less_and_drafting_falls_back_at
     drive(gate, 4, drafted_rate=10.0, undrafted_rate=5.0, steps=256)
     assert gate.rates(4)[1] == 5.0
     assert 1 - drive(gate, 4, drafted_rate=10.0, undrafted_rate=5.0, steps=1024) == 8 / 1024
-    # Only 1.2x faster: no clear lead, one in 32 as before.
+    # 1.2x faster: the drafted arm's upper bound is 6 + 50 / 266.7 = 6.1875 tokens/ms (one
+    # pseudo-step of 100 tokens, halved for a bucket of 4 or more), the undrafted one's
+    # 5.0: an exploring step gives up 19.2% of a step's tokens, so one every
+    # 0.192 / 0.0025 = 76 decisions: decisions 304, 380, ..., 1216 (13) of 257..1280.
     close = ThroughputGate(explore_every=32)
     drive(close, 4, drafted_rate=6.0, undrafted_rate=5.0, steps=256)
-    assert 1 - drive(close, 4, drafted_rate=6.0, undrafted_rate=5.0, steps=1024) == 32 / 1024
+    assert 1 - drive(close, 4, drafted_rate=6.0, undrafted_rate=5.0, steps=1024) == 13 / 1024
+    # Barely faster (1.02x; bound 5.1 + 0.16 against 5.0): one in 32, the most often.
+    level = ThroughputGate(explore_every=32)
+    drive(level, 4, drafted_rate=5.1, undrafted_rate=5.0, steps=256)
+    assert 1 - drive(level, 4, drafted_rate=5.1, undrafted_rate=5.0, steps=1024) == 32 / 1024
     # Acceptance collapses: the drafted arm's own steps show it, and the gate stops
     # drafting within a few steps, without waiting for an exploring step (then it
     # explores drafting at the full rate, one step in 32). The window then mixes fast and
