@@ -1,0 +1,38 @@
+# Session 20 GPU calls, after the four stage_piece.sh calls (q1..q4, the GGUF parked).
+# Carry: .gpu/wheels .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256
+#   bash scripts/gpu/session20.sh bench   K = 3 against adaptive at CONC (16), 48 requests,
+#                                         REPEATS (9) interleaved repeats, the heap frozen
+#                                         for each measured run (FREEZE=no: not frozen);
+#                                         every run's full collections are reported
+#   bash scripts/gpu/session20.sh trace   step traces at CONC (16): K = 3 against
+#                                         adaptive, 48 full-warmed requests, step classes
+source scripts/gpu/env.sh
+set +e +o pipefail
+export G OUT
+nvidia-smi --query-gpu=name --format=csv,noheader
+git log --oneline | head -1
+CONC=${CONC:-16}
+case "$1" in
+  bench)
+    tag=c$(echo $CONC | tr " " _)_x${REPEATS:-9}_freeze${FREEZE:-yes}
+    flag=--freeze-gc; [ "${FREEZE:-yes}" = no ] && flag=--no-freeze-gc
+    timeout ${LIMIT:-400} python3 -m dspark.cli bench --model $G --device cuda --dtype bfloat16 \
+      --prompts .gpu/prompts.npz --drafter dspark --fixed 3 --max-tokens 128 --full-warmup \
+      --no-baseline --concurrency $CONC --min-requests 48 --repeats ${REPEATS:-9} $flag \
+      --out "$OUT/$tag" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -14
+    rm -rf "$OUT/$tag/profiles"
+    python3 - "$OUT/$tag/bench.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(r["concurrency"], r["label"], "runs", r["tok_s_runs"], "step_ms", round(r["step_ms"], 3),
+          "undrafted", r["undrafted_steps"], "vetoes", r["gate_vetoes"], "gc_full", r["gc_full"],
+          "gc_s", round(r["gc_s"], 4), "depths", r["depth_steps"])
+PY
+    ;;
+  trace)
+    MODEL=$G SETTINGS=fixed:3,adaptive FULL_WARMUP=1 timeout ${TRACE_LIMIT:-150} \
+      python3 scripts/gpu/step_trace.py $CONC 7 none 128 1 2>&1 | grep -v "it/s\]\|s/it\]" \
+      > "$OUT/step_trace_c$CONC.txt"
+    grep -v "^\[transformers\]" "$OUT/step_trace_c$CONC.txt" | head -80
+    ;;
+esac
