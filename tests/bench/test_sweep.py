@@ -180,3 +180,34 @@ def test_the_measured_run_freezes_the_heap_and_counts_its_full_collections(tiny,
     assert all((count > 0) == freeze for count in frozen[4:])
     assert gc.get_freeze_count() == 0  # unfrozen again: a dropped engine is freed
     assert result.heap_frozen == freeze and result.gc_full == 1 and result.gc_full_s > 0
+
+
+def test_summary_takes_medians_over_repeats_per_depth():
+    from dspark.bench.sweep import Measurement, summarise
+
+    def run(tok_s, depths, undrafted):
+        return Measurement(
+            "adaptive≤3",
+            "adaptive",
+            3,
+            4,
+            8,
+            100,
+            1.0,
+            tok_s,
+            1.0,
+            1.0,
+            1.0,
+            1.5,
+            2.0,
+            0.01,
+            undrafted_steps=undrafted,
+            depth_steps=depths,
+        )
+
+    row = summarise(
+        [run(10.0, [41, 7, 29, 5], 41), run(30.0, [1, 9, 31, 2], 1), run(20.0, [3, 8, 60, 9], 3)]
+    )
+    assert row["depth_steps"] == [3.0, 8.0, 31.0, 5.0]  # not the first repeat's [41, 7, 29, 5]
+    assert row["undrafted_steps"] == 3.0 == row["depth_steps"][0]
+    assert row["tok_s"] == 20.0 and row["tok_s_runs"] == [10.0, 30.0, 20.0]

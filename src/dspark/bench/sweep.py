@@ -441,6 +441,9 @@ def summarise(measurements: list[Measurement]) -> dict:
         "gc_s",
     ):
         row[key] = float(np.median([getattr(m, key) for m in measurements]))
+    if row["depth_steps"]:  # per depth, the median over repeats (not the first repeat's)
+        by_depth = np.array([m.depth_steps for m in measurements], dtype=float)
+        row["depth_steps"] = [float(v) for v in np.median(by_depth, axis=0)]
     for key in ("acceptance_length", "verified_per_round"):
         row[key] = float(np.mean([getattr(m, key) for m in measurements]))
     row["tok_s_runs"] = [round(m.tok_s, 2) for m in measurements]
