@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from dspark.scheduling.gate import ThroughputGate
@@ -128,16 +129,17 @@ def test_undrafted_steps_far_behind_are_explored_less_and_drafting_falls_back_at
     assert 1 - drive(level, 4, drafted_rate=5.1, undrafted_rate=5.0, steps=1024) == 32 / 1024
     # Acceptance collapses: the drafted arm's own steps show it, and the gate stops
     # drafting within a few steps, without waiting for an exploring step (then it
-    # explores drafting at the full rate, one step in 32). The window then mixes fast and
-    # slow steps, whose spread widens its bound: the sixth slow step ends drafting (the
-    # ratio of sums is 1600 / 400 ms = 4.0, plus one standard error 0.8, below 5).
+    # explores drafting at the full rate, one step in 32). Steps 5x slower than the
+    # window's median count as 2x slower (a stall, OUTLIER_WALL) until they are half the
+    # window: the eighth moves the median to 50 ms and ends drafting (1600 tokens over
+    # 8 x 10 + 8 x 50 ms = 3.3 tokens/ms; with seven, 1600 / 230 ms = 7.0, above 5).
     choices = []
     for _ in range(96):
         draft = gate.should_draft(4)
         choices.append(draft)
         gate.record(4, draft, 100, 100 / (2.0 if draft else 5.0))
     first_undrafted = choices.index(False)
-    assert first_undrafted == 6
+    assert first_undrafted == 8
     assert sum(choices[first_undrafted:]) <= 4
 
 
@@ -373,3 +375,38 @@ def test_a_batch_of_one_recovers_from_a_poor_request_sooner():
 
     alone, four = decisions_to_recover(1), decisions_to_recover(4)
     assert alone * 3 < four, (alone, four)
+
+
+def test_a_stalled_step_counts_at_most_twice_the_median_unless_it_emitted_more():
+    from dspark.scheduling.gate import DRAFTED, _Bucket
+
+    bucket = _Bucket(window=16)
+    for sample in [(100, 150.0), (100, 10.0)]:
+        bucket.samples[DRAFTED].append(sample)
+    assert bucket.rate(DRAFTED) == 200 / 160.0  # two steps: no median to judge by yet
+    for sample in [(100, 12.0), (300, 25.0)]:
+        bucket.samples[DRAFTED].append(sample)
+    # Median wall of the four: 25 (the upper middle), median tokens 100: the stall counts
+    # as 50 ms; the 300-token step may take up to 150 ms and keeps its 25.
+    assert bucket.steps(DRAFTED) == [(100, 50.0), (100, 10.0), (100, 12.0), (300, 25.0)]
+    assert bucket.rate(DRAFTED) == 600 / 97.0
+
+
+def test_one_stalled_drafted_step_does_not_keep_drafting_off():
+    # SmolLM2 at 64 requests on an H200: drafted steps ~113 tokens in ~10 ms, undrafted 64
+    # in ~7.5 ms. Without the cap, a first drafted step of 150 ms left 350-430 of 600
+    # steps undrafted (20 seeds); with it, 5-43, as without the stall.
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        gate = ThroughputGate()
+        undrafted = 0
+        for step in range(600):
+            draft = gate.should_draft(64)
+            undrafted += not draft
+            if draft:
+                tokens = 64 + rng.binomial(192, 0.26)
+                wall = 150.0 if step == 0 else 10.0 * rng.lognormal(0.0, 0.1)
+            else:
+                tokens, wall = 64, 7.5 * rng.lognormal(0.0, 0.1)
+            gate.record(64, draft, int(tokens), wall)
+        assert undrafted <= 45, (seed, undrafted)

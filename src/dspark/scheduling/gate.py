@@ -86,6 +86,27 @@ to 31 (one exploration per 32 decisions, each sample replacing one of 16 in the 
 Larger batches average over their requests, and their drafted figure moves slowly."""
 
 
+OUTLIER_WALL = 2.0
+OUTLIER_MIN_STEPS = 3
+"""A step's wall time counts as at most ``OUTLIER_WALL`` times the median wall of its
+arm's window, and more in proportion to its tokens where it emitted more than the
+window's median (once the window holds ``OUTLIER_MIN_STEPS`` steps). A window is a ratio
+of sums, so one step that stalled (a first call of a shape, the allocator growing, the
+host descheduled) drags its arm's rate down for as long as it stays in the window; and
+an arm that loses is measured again only once in ``explore_every`` decisions, so a stall
+among the drafted arm's first steps kept drafting off for ``window`` explorations,
+hundreds of steps (SmolLM2 at 64 requests on an H200: 93 of 97 full-batch steps of a run
+undrafted, where the gate's own figures at the end put drafting at 10.8 tokens per ms
+and not drafting at 7.9; at rates like those, one drafted step of 60 or 150 ms among the
+first left about 100 or 350-430 of 600 steps undrafted, against about 10 without, in
+``tests/scheduling/test_gate.py``'s replay). Steps of one arm at one batch size rarely
+differ by 2x (SmolLM2 drafted 2 to 7 deep at 64: 7.3 to 10.5 ms; the 8B shape at 64:
+13 to 23 ms), and a step that takes longer because it verified more, and so emitted
+more, keeps its time in proportion. The price: an arm that really slows down more than
+2x is believed once the slow steps are half its window (acceptance collapsing 5x at 4
+requests: drafting ends at the eighth slow step, not the sixth)."""
+
+
 @dataclass
 class _Bucket:
     window: int
@@ -99,8 +120,22 @@ class _Bucket:
     def __post_init__(self) -> None:
         self.samples = tuple(deque(maxlen=self.window) for _ in (DRAFTED, UNDRAFTED, DECLINED))
 
+    def steps(self, arm: int) -> list[tuple[int, float]]:
+        """The arm's window, each wall time capped (``OUTLIER_WALL``) once the window holds
+        ``OUTLIER_MIN_STEPS`` steps."""
+        steps = list(self.samples[arm])
+        if len(steps) < OUTLIER_MIN_STEPS:
+            return steps
+        middle = len(steps) // 2
+        wall_cap = OUTLIER_WALL * sorted(wall for _, wall in steps)[middle]
+        typical_tokens = max(sorted(tokens for tokens, _ in steps)[middle], 1)
+        return [
+            (tokens, min(wall, wall_cap * max(1.0, tokens / typical_tokens)))
+            for tokens, wall in steps
+        ]
+
     def rate(self, arm: int) -> float | None:
-        steps = self.samples[arm]
+        steps = self.steps(arm)
         if not steps:
             return None
         return sum(tokens for tokens, _ in steps) / sum(wall for _, wall in steps)
@@ -119,7 +154,7 @@ class _Bucket:
         """The arm's rate and its standard error: the ratio of sums' delta-method error,
         ``sqrt(Σ (tokens - rate · wall)²) / Σ wall`` over the window's steps (the
         drafted arms with one pseudo-step more)."""
-        steps = self.samples[arm]
+        steps = self.steps(arm)
         total_wall = sum(wall for _, wall in steps)
         rate = sum(tokens for tokens, _ in steps) / total_wall
         squares = sum((tokens - rate * wall) ** 2 for tokens, wall in steps)
