@@ -126,8 +126,11 @@ class _Bucket:
         steps = list(self.samples[arm])
         if len(steps) < OUTLIER_MIN_STEPS:
             return steps
+        walls = [wall for _, wall in steps]
+        if max(walls) <= OUTLIER_WALL * min(walls):
+            return steps  # nothing above twice the median (most calls: two C loops)
         middle = len(steps) // 2
-        wall_cap = OUTLIER_WALL * sorted(wall for _, wall in steps)[middle]
+        wall_cap = OUTLIER_WALL * sorted(walls)[middle]
         typical_tokens = max(sorted(tokens for tokens, _ in steps)[middle], 1)
         return [
             (tokens, min(wall, wall_cap * max(1.0, tokens / typical_tokens)))
