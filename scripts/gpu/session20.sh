@@ -25,7 +25,7 @@ case "$1" in
 import json, sys
 for r in json.load(open(sys.argv[1]))["rows"]:
     print(r["concurrency"], r["label"], "runs", r["tok_s_runs"], "step_ms", round(r["step_ms"], 3),
-          "undrafted", r["undrafted_steps"], "vetoes", r["gate_vetoes"], "gc_full", r["gc_full"],
+          "undrafted", r["undrafted_steps"], "vetoes", r["gate_vetoes"], "gc_full", r.get("gc_full_runs", r["gc_full"]),
           "gc_s", round(r["gc_s"], 4), "depths", r["depth_steps"])
 PY
     ;;

@@ -173,7 +173,11 @@ def test_the_measured_run_freezes_the_heap_and_counts_its_full_collections(tiny,
 
     engine.step = step_that_collects
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    result = measure(engine, Setting("none", 0), [[1, 2, 3]] * 3, params, 2, freeze_gc=freeze)
+    gc.disable()  # no automatic collection besides the one forced (explicit ones still run)
+    try:
+        result = measure(engine, Setting("none", 0), [[1, 2, 3]] * 3, params, 2, freeze_gc=freeze)
+    finally:
+        gc.enable()
     assert calls[0] > 6
     # The warm-up (steps 1-4) ran unfrozen; the measured steps frozen, or not.
     assert frozen[:4] == [0, 0, 0, 0]
@@ -211,3 +215,23 @@ def test_summary_takes_medians_over_repeats_per_depth():
     assert row["depth_steps"] == [3.0, 8.0, 31.0, 5.0]  # not the first repeat's [41, 7, 29, 5]
     assert row["undrafted_steps"] == 3.0 == row["depth_steps"][0]
     assert row["tok_s"] == 20.0 and row["tok_s_runs"] == [10.0, 30.0, 20.0]
+
+
+def test_a_failing_run_leaves_the_heap_unfrozen_and_stops_counting(tiny):
+    import gc
+
+    engine = LLMEngine(tiny, EngineConfig(max_num_seqs=2))
+    step, calls = engine.step, [0]
+    callbacks = list(gc.callbacks)
+
+    def step_that_fails():
+        calls[0] += 1
+        if calls[0] == 6:  # in the measured run
+            raise RuntimeError("device lost")
+        return step()
+
+    engine.step = step_that_fails
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with pytest.raises(RuntimeError, match="device lost"):
+        measure(engine, Setting("none", 0), [[1, 2, 3]] * 3, params, 2)
+    assert gc.get_freeze_count() == 0 and gc.callbacks == callbacks

@@ -45,3 +45,18 @@ def test_pauses_count_collections_by_generation_only_while_watching():
     assert pauses.counts == [1, 0, 2]
     assert all(s >= 0.0 for s in pauses.seconds) and pauses.seconds[2] > 0.0
     assert pauses._callback not in gc.callbacks
+
+
+def test_a_heap_frozen_before_the_block_stays_frozen_after_it():
+    try:
+        freeze_heap()
+        node = _Node()  # made after the first freeze, frozen by the block's
+        alive = weakref.ref(node)
+        with frozen_heap():
+            del node
+        gc.collect()
+        assert gc.get_freeze_count() > 0 and alive() is not None
+    finally:
+        gc.unfreeze()
+    gc.collect()
+    assert alive() is None

@@ -447,6 +447,7 @@ def summarise(measurements: list[Measurement]) -> dict:
     for key in ("acceptance_length", "verified_per_round"):
         row[key] = float(np.mean([getattr(m, key) for m in measurements]))
     row["tok_s_runs"] = [round(m.tok_s, 2) for m in measurements]
+    row["gc_full_runs"] = [m.gc_full for m in measurements]
     return row
 
 
@@ -476,12 +477,13 @@ def report(
     verdicts = compare(rows)
     for line in verdicts:
         print(line)
-    collected = [r for r in rows if r["gc_full"] > 0]
+    collected = [r for r in rows if any(r["gc_full_runs"])]
     for row in collected:  # a full collection pauses whichever step triggers it
         print(
-            f"[dspark] c{row['concurrency']} {row['label']}: {row['gc_full']:.0f} full "
-            f"garbage collections while measuring ({1e3 * row['gc_full_s']:.1f} ms, median "
-            f"over repeats; heap {'frozen' if row['heap_frozen'] else 'not frozen'})"
+            f"[dspark] c{row['concurrency']} {row['label']}: full garbage collections "
+            f"while measuring, by repeat: {row['gc_full_runs']} (median "
+            f"{1e3 * row['gc_full_s']:.1f} ms; heap "
+            f"{'frozen' if row['heap_frozen'] else 'not frozen'})"
         )
     model = args.model or "SmolLM2-135M-Instruct"
     acceptance = "computed (target verifies the drafts)"

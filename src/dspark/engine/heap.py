@@ -41,12 +41,16 @@ def freeze_heap() -> int:
 @contextmanager
 def frozen_heap() -> Iterator[int]:
     """``freeze_heap`` for the ``with`` block (yields the number frozen), then unfreeze:
-    what was frozen is collectable again, so an engine dropped afterwards is freed."""
+    what was frozen is collectable again, so an engine dropped afterwards is freed. A heap
+    already frozen on entry (someone froze it for good, as ``dspark serve`` does) is left
+    frozen on exit, with what the block froze besides."""
+    was_frozen = gc.get_freeze_count() > 0
     count = freeze_heap()
     try:
         yield count
     finally:
-        gc.unfreeze()
+        if not was_frozen:
+            gc.unfreeze()
 
 
 @dataclass

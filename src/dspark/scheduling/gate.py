@@ -15,9 +15,10 @@ undrafted ones (tokens emitted over wall time, both summed over the window: a ra
 sums, not a median of per-step ratios, which would be biased because a drafted step
 emits a skewed, discrete number of tokens: mostly 1, sometimes many), takes the faster
 arm, and takes the other arm once every ``explore_every`` decisions so that its figure
-stays current (the undrafted arm ``UNDRAFTED_BACKOFF`` times less often when drafting
-leads clearly; a batch of one's drafted arm ``ALONE_SPEEDUP`` times more often when it is
-behind, since it measures one request's drafts and the next request may draft far better).
+stays current (the undrafted arm up to ``UNDRAFTED_BACKOFF`` times less often when
+drafting leads, the less often the further it leads; a batch of one's drafted arm
+``ALONE_SPEEDUP`` times more often when it is behind, since it measures one request's
+drafts and the next request may draft far better).
 "Faster" is optimistic about the arm whose figure is less certain: each
 arm's figure is raised by ``confidence`` standard errors of that ratio over its window
 (an upper confidence bound). A drafted step emits anywhere from one token per request to
@@ -102,7 +103,9 @@ first left about 100 or 350-430 of 600 steps undrafted, against about 10 without
 ``tests/scheduling/test_gate.py``'s replay). Steps of one arm at one batch size rarely
 differ by 2x (SmolLM2 drafted 2 to 7 deep at 64: 7.3 to 10.5 ms; the 8B shape at 64:
 13 to 23 ms), and a step that takes longer because it verified more, and so emitted
-more, keeps its time in proportion. The price: an arm that really slows down more than
+more, keeps its time in proportion. Steps with a prompt chunk are not capped: their
+walls follow the chunk (SmolLM2 on the CPU at 16: chunks of 22 to 464 tokens), which
+their tokens do not show. The price: an arm that really slows down more than
 2x is believed once the slow steps are half its window (acceptance collapsing 5x at 4
 requests: drafting ends at the eighth slow step, not the sixth)."""
 
@@ -111,8 +114,10 @@ requests: drafting ends at the eighth slow step, not the sixth)."""
 class _Bucket:
     window: int
     smallest: int = 1  # the smallest batch size of the bucket (a power of two)
+    mixed: bool = False  # steps with a prompt chunk (their walls follow the chunk's size)
     samples: tuple[deque, deque, deque] = field(init=False)  # (tokens, wall ms) per arm
     decisions: int = 0
+    since_explored: int = 0  # decisions since the other arm was last taken
     declined: int = 0  # steps the cost model left undrafted since the last probe
     overruled: int = 0  # steps the cost model left undrafted that the gate drafted
     probes_in_a_row: int = 0  # probes since the cost model last drafted on its own
@@ -122,9 +127,10 @@ class _Bucket:
 
     def steps(self, arm: int) -> list[tuple[int, float]]:
         """The arm's window, each wall time capped (``OUTLIER_WALL``) once the window holds
-        ``OUTLIER_MIN_STEPS`` steps."""
+        ``OUTLIER_MIN_STEPS`` steps; a bucket of steps with a prompt chunk as measured
+        (their walls follow the chunk's size, which their tokens do not show)."""
         steps = list(self.samples[arm])
-        if len(steps) < OUTLIER_MIN_STEPS:
+        if len(steps) < OUTLIER_MIN_STEPS or self.mixed:
             return steps
         walls = [wall for _, wall in steps]
         if max(walls) <= OUTLIER_WALL * min(walls):
@@ -210,7 +216,7 @@ class ThroughputGate:
     def _get(self, num_reqs: int, mixed: bool) -> _Bucket:
         key = self._key(num_reqs, mixed)
         if key not in self._buckets:
-            self._buckets[key] = _Bucket(self.window, smallest=1 << (key[1] - 1))
+            self._buckets[key] = _Bucket(self.window, smallest=1 << (key[1] - 1), mixed=key[0])
         return self._buckets[key]
 
     def should_draft(self, num_reqs: int, mixed: bool = False) -> bool:
@@ -218,6 +224,7 @@ class ThroughputGate:
         ``mixed``: the step carries a prompt chunk besides its decodes.)"""
         state = self._get(num_reqs, mixed)
         state.decisions += 1
+        state.since_explored += 1
         state.probes_in_a_row = 0  # the cost model drafts here again: probe soon if not
         # A bucket not yet measured on both arms follows its nearest measured neighbour
         # (a batch that shrank or grew into it); with none, both arms are measured first,
@@ -236,7 +243,10 @@ class ThroughputGate:
             every = int(min(max(every, give_up / EXPLORE_SHARE), every * UNDRAFTED_BACKOFF))
         elif best == UNDRAFTED and state.smallest == 1:
             every = max(2, every // ALONE_SPEEDUP)  # one request's drafts: re-measured sooner
-        if state.decisions % every == 0:
+        # Counted from the last exploration, not by the decision's number: ``every``
+        # moves with the bounds, and a moving modulus would explore at random intervals.
+        if state.since_explored >= every:
+            state.since_explored = 0
             best = 1 - best  # keep the other arm's figure current
         return best == DRAFTED
 

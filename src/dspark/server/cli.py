@@ -66,7 +66,8 @@ def main(args: argparse.Namespace) -> None:
         args.grace_seconds,
         args.served_name,
     )
-    # The model, tokenizer and engine live as long as the process: no full collection
-    # walks them again (dspark.engine.heap).
+    server = GracefulServer(app, runner, args.host, args.port, args.grace_seconds)
+    # The model, tokenizer, engine and server live as long as the process: no full
+    # collection walks them again (dspark.engine.heap).
     freeze_heap()
-    GracefulServer(app, runner, args.host, args.port, args.grace_seconds).run()
+    server.run()
