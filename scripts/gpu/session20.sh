@@ -6,6 +6,21 @@
 #                                         every run's full collections are reported
 #   bash scripts/gpu/session20.sh trace   step traces at CONC (16): K = 3 against
 #                                         adaptive, 48 full-warmed requests, step classes
+#   CONC=64 bash scripts/gpu/session20.sh pad0   the bench at CONC, 3 repeats, every new
+#                                         graph shape captured at once (no padded replays)
+#   bash scripts/gpu/session20.sh b8      the 8B shape (acceptance REPLAYED) at 4 and 1,
+#                                         K = 6 against adaptive, 24 requests, 3 repeats
+#                                         (needs only .gpu/prompts.npz, no staging)
+if [ "$1" = b8 ]; then  # no weights to stage: random ones
+  export PYTHONPATH=src
+  OUT=${OUT:-/tmp/out}
+  timeout ${LIMIT:-420} python3 -m dspark.cli bench --shape llama3-8b --device cuda \
+    --dtype bfloat16 --prompts .gpu/prompts.npz --max-tokens 128 --trace published:chat \
+    --full-warmup --repeats ${REPEATS:-3} --concurrency 4 1 --fixed 6 --min-requests 24 \
+    --no-baseline --out "$OUT/b8" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -12
+  rm -rf "$OUT/b8/profiles"
+  exit 0
+fi
 source scripts/gpu/env.sh
 set +e +o pipefail
 export G OUT
@@ -28,6 +43,13 @@ for r in json.load(open(sys.argv[1]))["rows"]:
           "undrafted", r["undrafted_steps"], "vetoes", r["gate_vetoes"], "gc_full", r.get("gc_full_runs", r["gc_full"]),
           "gc_s", round(r["gc_s"], 4), "depths", r["depth_steps"])
 PY
+    ;;
+  pad0)
+    timeout ${LIMIT:-200} python3 -m dspark.cli bench --model $G --device cuda --dtype bfloat16 \
+      --prompts .gpu/prompts.npz --drafter dspark --fixed 3 --max-tokens 128 --full-warmup \
+      --no-baseline --concurrency $CONC --min-requests 48 --repeats ${REPEATS:-3} \
+      --graph-padding-budget 0 --out "$OUT/pad0" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -5
+    rm -rf "$OUT/pad0/profiles"
     ;;
   trace)
     MODEL=$G SETTINGS=fixed:3,adaptive FULL_WARMUP=1 timeout ${TRACE_LIMIT:-150} \
