@@ -116,7 +116,6 @@ class _Bucket:
     smallest: int = 1  # the smallest batch size of the bucket (a power of two)
     mixed: bool = False  # steps with a prompt chunk (their walls follow the chunk's size)
     samples: tuple[deque, deque, deque] = field(init=False)  # (tokens, wall ms) per arm
-    decisions: int = 0
     since_explored: int = 0  # decisions since the other arm was last taken
     declined: int = 0  # steps the cost model left undrafted since the last probe
     overruled: int = 0  # steps the cost model left undrafted that the gate drafted
@@ -134,7 +133,7 @@ class _Bucket:
             return steps
         walls = [wall for _, wall in steps]
         if max(walls) <= OUTLIER_WALL * min(walls):
-            return steps  # nothing above twice the median (most calls: two C loops)
+            return steps  # no wall above twice the shortest, so none above its cap
         middle = len(steps) // 2
         wall_cap = OUTLIER_WALL * sorted(walls)[middle]
         typical_tokens = max(sorted(tokens for tokens, _ in steps)[middle], 1)
@@ -223,7 +222,6 @@ class ThroughputGate:
         """Draft this step? (Called once per step that the cost model would draft;
         ``mixed``: the step carries a prompt chunk besides its decodes.)"""
         state = self._get(num_reqs, mixed)
-        state.decisions += 1
         state.since_explored += 1
         state.probes_in_a_row = 0  # the cost model drafts here again: probe soon if not
         # A bucket not yet measured on both arms follows its nearest measured neighbour
