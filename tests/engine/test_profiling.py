@@ -70,3 +70,33 @@ def test_no_drafting_depth_pays_for_being_timed_first_after_the_forward(tiny):
         np.testing.assert_allclose(table[:, num_reqs], expected)
     # The forward is timed alone: no proposal's time leaks into it.
     assert {s.forward_ms for s in profile.samples} == {7.0}
+
+
+def test_a_slow_phase_of_the_machine_does_not_land_on_one_size(tiny):
+    # Every forward costs 7 ms, except for a run of consecutive forwards as long as one
+    # size's replays, which cost 20 (the VM slowed down for a while). Timed size by size,
+    # some size would take all of them and be priced at 20; round by round, each size
+    # takes at most a couple, and the medians stay 7.
+    from dspark.scheduling import PROFILE_REPLAYS
+
+    clock = VirtualClock()
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, kv_cache_tokens=2048)
+    engine = LLMEngine(tiny, config)
+    forward, calls = engine.forward, [0]
+
+    def timed_forward(*args, **kwargs):
+        calls[0] += 1
+        slow = 20 <= calls[0] < 20 + PROFILE_REPLAYS
+        clock.now += 20.0 if slow else 7.0
+        return forward(*args, **kwargs)
+
+    engine.forward = timed_forward
+    engine._clock = lambda: clock.now
+    profile = profile_engine(engine)
+    by_size: dict[int, list[float]] = {}
+    for sample in profile.samples:
+        by_size.setdefault(sample.num_target_tokens, []).append(sample.forward_ms)
+    assert len(by_size) >= 5 and calls[0] >= 20 + PROFILE_REPLAYS
+    assert all(len(times) == PROFILE_REPLAYS for times in by_size.values())
+    assert {float(np.median(times)) for times in by_size.values()} == {7.0}
+    assert max(sum(t == 20.0 for t in times) for times in by_size.values()) <= 2

@@ -44,8 +44,9 @@ EAGER_CAPTURE_SIZES = [1]
 # timed at shallower depths (``draft_depth_samples``); 4: no depth is timed first after the
 # forward (an untimed proposal runs before them, ``_dummy_step``); 5: eager steps also
 # profile every size up to ``EAGER_SMALL_SIZES``, and CPU products of a few rows take the
-# product measured faster (``dspark.models.llama.tune_small_rows``).
-PROFILE_FORMAT = 5
+# product measured faster (``dspark.models.llama.tune_small_rows``); 6: sizes are timed
+# round by round (replay 1 of every size, then replay 2, ...), not size by size.
+PROFILE_FORMAT = 6
 
 EAGER_SMALL_SIZES = 8
 """Eager steps are profiled at every token count 1 ... EAGER_SMALL_SIZES besides the
@@ -149,16 +150,29 @@ def profile_engine(
     if engine.graphs is None:
         small = range(1, min(EAGER_SMALL_SIZES, config.max_num_batched_tokens) + 1)
         sizes = sorted(set(sizes).union(small))
+    shapes = []
+    for size in sizes:
+        num_reqs = min(size, config.max_num_seqs)
+        query = np.full(num_reqs, size // num_reqs)
+        query[: size % num_reqs] += 1
+        context = min(profile_context, engine.max_model_len - int(query.max()))
+        shapes.append((size, num_reqs, query, context))
     with exact_shapes(engine.padded_runners()):  # each size timed as itself
-        for size in sizes:
-            num_reqs = min(size, config.max_num_seqs)
-            query = np.full(num_reqs, size // num_reqs)
-            query[: size % num_reqs] += 1
-            context = min(profile_context, engine.max_model_len - int(query.max()))
-            if engine.graphs is not None:  # capture the shape before timing its replays
+        if engine.graphs is not None:  # capture every shape before timing its replays
+            for _, _, query, context in shapes:
                 _dummy_step(engine, query, context, rng, depths)
-            for replay in range(PROFILE_REPLAYS):
-                order = depths[replay % len(depths) :] + depths[: replay % len(depths)]
+        # Round by round over the sizes, not size by size: a slow phase of the machine
+        # lands on one replay of many sizes (the median drops it), never on every
+        # replay of one (SmolLM2 on the 2-core CPU: 3 tokens profiled at 80.4 ms, 4 at
+        # 58.6, and the seed's running maximum priced 1 to 2 drafts at 4 requests free).
+        # Each round in its own order, so that no size always follows the same one (in
+        # ascending rounds one token always came after 512, and measured 66.6 ms to 4
+        # tokens' 56.3).
+        for replay in range(PROFILE_REPLAYS):
+            turn = replay % len(depths) if depths else 0  # each depth timed first in turn
+            order = depths[turn:] + depths[:turn]
+            for index in rng.permutation(len(shapes)):
+                size, num_reqs, query, context = shapes[index]
                 forward_ms, drafter_ms = _dummy_step(engine, query, context, rng, order)
                 full = drafter_ms.get(num_drafts, 0.0)
                 samples.append(StepTiming(num_reqs, size, forward_ms, full, True))
