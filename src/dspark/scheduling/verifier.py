@@ -319,7 +319,7 @@ class AdaptiveVerifier:
         now and then, so that a learnt price can come back down, drafts that deep).
         """
         slots = self._check_slots(slots)
-        latest = self.predicted_survival(slots)
+        latest = self._predicted(slots)
         priced = self._priced_plan(
             slots, num_drafts, num_non_draft, num_sampling, context_tokens, latest
         )
@@ -352,7 +352,10 @@ class AdaptiveVerifier:
         """``[num_reqs, K]`` survival that ``drafting_pays`` expects of the slots' coming
         round (a copy): the latest recorded, the population's for a slot with none yet,
         shrunk towards the population by ``predictiveness``."""
-        slots = self._check_slots(slots)
+        return self._predicted(self._check_slots(slots))
+
+    def _predicted(self, slots: np.ndarray) -> np.ndarray:
+        """``predicted_survival`` of slots already checked (the step's path checks once)."""
         latest = self._fresh.take(slots, axis=0)
         unrecorded = self._unrecorded.take(slots)
         population = self._population()
