@@ -15,7 +15,12 @@ engine's per-step objects, which reference counting frees anyway). Serving engin
 this once start-up is over (vLLM's engine core and workers, SGLang after its warm-up).
 Objects frozen are never collected: an engine that is dropped later, while frozen, keeps
 its memory, so a process that builds engines one after another (the benchmark) unfreezes
-before dropping one (``frozen_heap``).
+before dropping one (``frozen_heap``). Only a heap frozen for the rest of the process
+(``keep_heap_frozen``, which ``dspark serve`` calls) stays frozen after such a block: a
+heap frozen before it by anyone else is thawed too, since Python cannot thaw part of it
+(the GPU machine's Python 3.12 starts with 375 objects frozen; left frozen, every engine
+of the 8B benchmark at 256 requests was kept, and the seventh ran out of the H200's
+141 GB, ``scripts/gpu/engine_leak.py``).
 
 ``CollectorPauses`` counts what the collector did during a window, by generation, so that
 a benchmark can say whether a full collection fell inside a measured run.
@@ -38,18 +43,28 @@ def freeze_heap() -> int:
     return gc.get_freeze_count()
 
 
+_KEPT_FROZEN = False  # keep_heap_frozen was called: frozen_heap must not thaw
+
+
+def keep_heap_frozen() -> int:
+    """``freeze_heap`` for the rest of the process (a server once started): later
+    ``frozen_heap`` blocks leave the heap frozen. The number of objects frozen."""
+    global _KEPT_FROZEN
+    _KEPT_FROZEN = True
+    return freeze_heap()
+
+
 @contextmanager
 def frozen_heap() -> Iterator[int]:
     """``freeze_heap`` for the ``with`` block (yields the number frozen), then unfreeze:
-    what was frozen is collectable again, so an engine dropped afterwards is freed. A heap
-    already frozen on entry (someone froze it for good, as ``dspark serve`` does) is left
-    frozen on exit, with what the block froze besides."""
-    was_frozen = gc.get_freeze_count() > 0
+    what was frozen is collectable again, so an engine dropped afterwards is freed. The
+    whole heap is thawed, whoever froze it before, unless ``keep_heap_frozen`` froze it
+    for good (then it stays frozen, with what the block froze besides)."""
     count = freeze_heap()
     try:
         yield count
     finally:
-        if not was_frozen:
+        if not _KEPT_FROZEN:
             gc.unfreeze()
 
 

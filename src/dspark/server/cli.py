@@ -43,7 +43,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    from dspark.engine.heap import freeze_heap
+    from dspark.engine.heap import keep_heap_frozen
     from dspark.server.serve import GracefulServer, create_app
 
     dtype = resolve_dtype(args.dtype, args.device)
@@ -69,5 +69,5 @@ def main(args: argparse.Namespace) -> None:
     server = GracefulServer(app, runner, args.host, args.port, args.grace_seconds)
     # The model, tokenizer, engine and server live as long as the process: no full
     # collection walks them again (dspark.engine.heap).
-    freeze_heap()
+    keep_heap_frozen()
     server.run()
