@@ -1,5 +1,6 @@
 """Milliseconds per product with a few rows on this CPU: ``F.linear`` against
-``weight @ x.T`` (what ``dspark.models.llama.linear`` chooses between for 2-64 rows).
+``weight @ x.T`` (what ``dspark.models.llama.linear`` chooses between for 1-64 rows; one
+row runs as itself twice through ``weight @ x.T``, as ``linear`` does).
 
 Two tables. First, SmolLM2's LM head (49,152 x 576) and fused gate/up projection
 (3,072 x 576) alone, median of 30 calls (the gate/up weight then sits in cache). Then a
@@ -30,6 +31,8 @@ def median_ms(fn, repeats: int = 30) -> float:
 
 
 def transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] == 1:  # a one-column product is a GEMV: doubled, as ``linear`` runs it
+        return torch.mm(weight, torch.cat((x, x)).t())[:, :1].t()
     return torch.mm(weight, x.t()).t()
 
 

@@ -134,6 +134,30 @@ def test_skinny_linear_matches_f_linear(rows):
     torch.testing.assert_close(linear(batched, weight), F.linear(batched, weight))
 
 
+@pytest.mark.parametrize("shape", [(40,), (1, 40), (1, 1, 40)])
+def test_one_row_doubled_through_the_transposed_product_matches_f_linear(monkeypatch, shape):
+    import torch.nn.functional as F
+
+    from dspark.models import llama
+
+    gen = torch.Generator().manual_seed(len(shape))
+    weight, bias = torch.randn(96, 40, generator=gen), torch.randn(96, generator=gen)
+    x = torch.randn(*shape, generator=gen)
+    calls = []
+    original = torch.mm
+
+    def spy(a, b):
+        calls.append(tuple(b.shape))
+        return original(a, b)
+
+    monkeypatch.setitem(llama._ROW_PLAN, (96, 40), (False, True, False))
+    monkeypatch.setattr(llama.torch, "mm", spy)
+    out = llama.linear(x, weight, bias)
+    assert calls == [(40, 2)]  # the row twice, one product
+    assert out.shape == (*shape[:-1], 96)
+    torch.testing.assert_close(out, F.linear(x, weight, bias))
+
+
 def test_tune_small_rows_keeps_the_faster_product_per_row_count(monkeypatch):
     """A scripted clock: F.linear is faster at 2 and 3 rows and at 64, weight @ x.T at the
     counts timed in between. Calls come as (start, end) pairs per row count timed, repeat
@@ -174,14 +198,15 @@ def test_tune_small_rows_keeps_the_faster_product_per_row_count(monkeypatch):
         for rows in (1, 2, 3, 4, 5, 20, 48, 50, 64, 65):
             x = torch.randn(rows, 40)
             torch.testing.assert_close(llama.linear(x, weights[0]), original(x, weights[0]))
-        assert seen == [1, 2, 3, 50, 64, 65]
-        assert llama.row_plan((24, 40))[2] is False and llama.row_plan((24, 40))[20] is True
+        assert seen == [2, 3, 50, 64, 65]  # one row, doubled, measured faster than F.linear
+        plan = llama.row_plan((24, 40))
+        assert plan[1] is True and plan[2] is False and plan[20] is True
         llama.forget_small_rows(weights)  # back to weight @ x.T for 2 ... 16 rows
         assert llama.row_plan((24, 40)) is None
         seen.clear()
-        for rows in (2, 16, 17):
+        for rows in (1, 2, 16, 17):
             llama.linear(torch.randn(rows, 40), weights[0])
-        assert seen == [17]
+        assert seen == [1, 17]
     finally:
         llama.forget_small_rows(weights)
         for key in [k for k in llama._TUNED if k[0] == ((24, 40), (40, 24))]:

@@ -87,9 +87,10 @@ SKINNY_ROWS = 16
 SKINNY_ROWS rows run as ``weight @ x.T`` (the choice measured on the EPYC of sessions
 5-9)."""
 
-TUNED_ROWS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+TUNED_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """The row counts ``tune_small_rows`` times; a count between two takes the choice of the
-next one timed, and more than the last runs as ``F.linear``."""
+next one timed, and more than the last runs as ``F.linear``. One row's alternative to
+``F.linear`` is the row twice as ``weight @ x.T`` (``linear``)."""
 
 _ROW_PLAN: dict[tuple[int, int], tuple[bool, ...]] = {}
 """Per weight shape, by row count: run as ``weight @ x.T`` (True) or ``F.linear``."""
@@ -107,14 +108,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     ``weight @ x.T`` from 5 to 48 (at 32 rows 78 ms against 121). So the product is the
     one ``tune_small_rows`` measured faster for this weight's shape and row count, or,
     for a weight shape not measured, ``weight @ x.T`` for 2 ... SKINNY_ROWS rows
-    (``scripts/cpu_small_rows.py``). A verify step has K + 1 rows per request."""
+    (``scripts/cpu_small_rows.py``). A verify step has K + 1 rows per request.
+
+    One row (a decode step of one request) is a matrix-vector product, which this
+    guest's BLAS runs at about half the speed of a two-row product: over SmolLM2's
+    weights 51-59 ms for one row with ``F.linear``, ``weight @ x.T`` or ``torch.mv``
+    against 22-31 ms for the row doubled through ``weight @ x.T`` (``scripts/cpu_small_rows.py``).
+    Where ``tune_small_rows`` measured it faster, one row runs as itself twice through
+    ``weight @ x.T``, keeping the first column."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if x.device.type != "cpu" or rows < 2:
+    if x.device.type != "cpu" or rows == 0:
         return F.linear(x, weight, bias)
     plan = _ROW_PLAN.get(weight.shape)  # a torch.Size hashes and compares as a tuple
-    if not (rows <= SKINNY_ROWS if plan is None else rows < len(plan) and plan[rows]):
+    if not (2 <= rows <= SKINNY_ROWS if plan is None else rows < len(plan) and plan[rows]):
         return F.linear(x, weight, bias)
-    out = torch.mm(weight, x.reshape(rows, -1).t()).t()
+    flat = x.reshape(rows, -1)
+    if rows == 1:
+        out = torch.mm(weight, torch.cat((flat, flat)).t())[:, :1].t()
+    else:
+        out = torch.mm(weight, flat.t()).t()
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -146,7 +158,7 @@ def tune_small_rows(
         }
         plan = [False] * (TUNED_ROWS[-1] + 1)
         with torch.inference_mode():
-            below = 1
+            below = 0
             for rows in TUNED_ROWS:
                 best = [float("inf"), float("inf")]  # F.linear, weight @ x.T
                 for _ in range(repeats):
@@ -154,7 +166,10 @@ def tune_small_rows(
                         start = clock()
                         for w in weights:
                             x = inputs[w.shape[1]][:rows]
-                            F.linear(x, w) if path == 0 else torch.mm(w, x.t())
+                            if path == 0:
+                                F.linear(x, w)
+                            else:  # as ``linear`` runs it: one row doubled
+                                torch.mm(w, (torch.cat((x, x)) if rows == 1 else x).t())
                         best[path] = min(best[path], clock() - start)
                 plan[below + 1 : rows + 1] = [best[1] < best[0]] * (rows - below)
                 below = rows
