@@ -112,10 +112,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     One row (a decode step of one request) is a matrix-vector product, which this
     guest's BLAS runs at about half the speed of a two-row product: over SmolLM2's
-    weights 51-59 ms for one row with ``F.linear``, ``weight @ x.T`` or ``torch.mv``
-    against 22-31 ms for the row doubled through ``weight @ x.T`` (``scripts/cpu_small_rows.py``).
-    Where ``tune_small_rows`` measured it faster, one row runs as itself twice through
-    ``weight @ x.T``, keeping the first column."""
+    weights 51-61 ms for one row with ``F.linear``, ``weight @ x.T`` or ``torch.mv``,
+    22-30 ms for two rows as ``weight @ x.T`` and 23-40 ms for the one row doubled so
+    (``scripts/cpu_small_rows.py``). Where ``tune_small_rows`` measured it faster, one
+    row runs as itself twice through ``weight @ x.T``, keeping the first column."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if x.device.type != "cpu" or rows == 0:
         return F.linear(x, weight, bias)
