@@ -65,10 +65,11 @@ def traced(engine, log):
         stats = engine.stats
         generated, captures = stats.num_generated, engine.num_captures()
         undrafted, budgets = stats.depth_steps[0], len(stats.budgets)
-        proposals, forwards, applies = (
+        proposals, forwards, applies, phases = (
             len(stats.drafter_ms),
             len(stats.forward_ms),
             len(stats.apply_ms),
+            len(stats.draft_phase_ms),
         )
         scheduled.clear()
         start = time.perf_counter()
@@ -89,6 +90,7 @@ def traced(engine, log):
                 "drafter": stats.drafter_ms[-1] if len(stats.drafter_ms) > proposals else None,
                 "forward": stats.forward_ms[-1] if len(stats.forward_ms) > forwards else None,
                 "apply": stats.apply_ms[-1] if len(stats.apply_ms) > applies else None,
+                "phase": (stats.draft_phase_ms[-1] if len(stats.draft_phase_ms) > phases else None),
             }
         )
         return out
@@ -149,8 +151,11 @@ def print_full_batch_by_depth(log, num_reqs, adaptive) -> None:
     by drafting depth: steps, ms/step and tokens/step, the medians of the step's wall
     time and of its proposal, forward and apply phases, where what a deeper draft costs
     (and in which phase) and earns on this device shows without the batch size mixed in;
+    the median of what the draft phase spends besides the proposal (``decide``: depth,
+    budget, allocation) and of the step's wall outside the three phases (``rest``:
+    scheduling, packing the batch, the gate's and cost model's records after apply);
     and for adaptive the depth chosen, step by step."""
-    rows = defaultdict(lambda: [0, 0.0, 0, [], [], [], []])
+    rows = defaultdict(lambda: [0, 0.0, 0, [], [], [], [], [], []])
     sequence = []
     for entry in log:
         if entry["num_reqs"] != num_reqs or not classify(entry, adaptive).startswith("decode"):
@@ -166,15 +171,18 @@ def print_full_batch_by_depth(log, num_reqs, adaptive) -> None:
         for column, name in ((4, "drafter"), (5, "forward"), (6, "apply")):
             if entry[name] is not None:
                 row[column].append(entry[name])
+        if None not in (entry["phase"], entry["forward"], entry["apply"]):
+            row[7].append(entry["phase"] - (entry["drafter"] or 0.0))
+            row[8].append(entry["wall"] - entry["phase"] - entry["forward"] - entry["apply"])
 
     def p50(values):
         return np.median(values) if values else 0.0
 
     cells = [
         f"{depth}: {steps} x {wall / steps:.2f} ms (p50 {p50(walls):.2f}; drafter "
-        f"{p50(drafter):.2f}, forward {p50(forward):.2f}, apply {p50(apply):.2f}), "
-        f"{toks / steps:.1f} tok"
-        for depth, (steps, wall, toks, walls, drafter, forward, apply) in sorted(
+        f"{p50(drafter):.2f}, forward {p50(forward):.2f}, apply {p50(apply):.2f}, decide "
+        f"{p50(decide):.3f}, rest {p50(rest):.3f}), {toks / steps:.1f} tok"
+        for depth, (steps, wall, toks, walls, drafter, forward, apply, decide, rest) in sorted(
             rows.items(), key=lambda kv: str(kv[0])
         )
     ]
