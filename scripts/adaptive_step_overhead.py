@@ -19,23 +19,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+from host_path_time import Args  # the same tiny-shape engine settings
 from step_trace import classify, traced
 
 from dspark.bench.sweep import Replay, Setting, closed_loop, engine_for
 from dspark.engine.replay import AcceptanceTrace, random_draft_model
 from dspark.engine.sampling import SamplingParams
 from dspark.models.shapes import random_model
-
-
-class Args:
-    out = "/tmp/adaptive-step-overhead"
-    device = "cpu"
-    drafter = "auto"
-    max_prompt_tokens = 256
-    max_tokens = 64
-    shape = "tiny"
-    graph_padding_budget = 4.0
-
 
 PHASES = ("wall", "drafter", "decide", "forward", "apply", "rest")
 

@@ -111,9 +111,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     (``scripts/cpu_small_rows.py``). A verify step has K + 1 rows per request.
 
     One row (a decode step of one request) is a matrix-vector product, which this
-    guest's BLAS runs at about half the speed of a two-row product: over SmolLM2's
-    weights 51-61 ms for one row with ``F.linear``, ``weight @ x.T`` or ``torch.mv``,
-    22-30 ms for two rows as ``weight @ x.T`` and 23-40 ms for the one row doubled so
+    guest's BLAS runs slower than a two-row product: a forward's products over
+    SmolLM2-shaped weights 60.7 ms for one row with ``F.linear``, 22.1 ms for two rows
+    as ``weight @ x.T`` and 40.2 ms for the one row doubled so
     (``scripts/cpu_small_rows.py``). Where ``tune_small_rows`` measured it faster, one
     row runs as itself twice through ``weight @ x.T``, keeping the first column."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
