@@ -342,9 +342,9 @@ def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=
     drafting_depth = engine._drafting_depth
     engine.hits_below_k = 0  # decisions taken ahead for a batch with a limit below K
 
-    def logged(batch, limits):
+    def logged(batch, limits, *rest):
         hits = engine.stats.lookahead_hits
-        depths.append(drafting_depth(batch, limits))
+        depths.append(drafting_depth(batch, limits, *rest))
         if engine.stats.lookahead_hits > hits and (limits < 7).any():
             engine.hits_below_k += 1
         return depths[-1]
@@ -409,10 +409,10 @@ def test_a_changed_batch_may_take_the_depth_decided_ahead(shaped, draft_model, m
 
     drafting_depth = LLMEngine._drafting_depth
 
-    def logged_depth(self, batch, limits):
+    def logged_depth(self, batch, limits, *rest):
         reused, hits = self.stats.lookahead_reused, self.stats.lookahead_hits
         ahead = self._ahead if self._ahead and self._ahead[0] == self._step_index else None
-        depth = drafting_depth(self, batch, limits)
+        depth = drafting_depth(self, batch, limits, *rest)
         if ahead is not None and self.stats.lookahead_hits == hits:  # not the same decodes
             decoding = batch.slots[batch.decode_index]
             share = np.isin(decoding, ahead[1]).mean() if decoding.size else 0.0

@@ -208,6 +208,12 @@ class _Batch:
     non_draft: np.ndarray  # tokens per request before drafts
     num_sampling: int  # requests that sample a token this step
     context: int  # tokens already cached across the batch
+    # The same as Python lists and sums, for the per-step checks of a small batch: each
+    # NumPy call costs microseconds there, several times more on a host just back from
+    # queueing a forward (cold caches), and a step made about thirty of them.
+    slot_list: list[int] = field(default_factory=list)
+    decode_list: list[int] = field(default_factory=list)
+    num_tokens: int = 0  # non_draft summed
     host_ms: float = 0.0  # time spent building this
 
 
@@ -291,15 +297,19 @@ class LLMEngine:
         # What catching up one undrafted step's upkeep costs, in ms (a running average
         # over flushes): the price of an undrafted step that its own wall time lacks.
         self.upkeep_ms_per_step: float | None = None
-        # Adaptive: (step it is for, slots, depth, probe depth, budget or None) decided
-        # ahead (the budget only when the next batch can be the same decodes with a full
-        # K each), and a budget planned early for the step under way: (step, drafts per
-        # request it assumed (a depth for every request, or a [num_reqs] array), budget,
-        # whether the look-ahead planned it (else ``_plan_while_drafting``)).
-        self._ahead: tuple[int, np.ndarray, int, int, int | None] | None = None
+        # Adaptive: (step it is for, slots, depth, probe depth, budget or None, the slots
+        # as a list) decided ahead (the budget only when the next batch can be the same
+        # decodes with a full K each), and a budget planned early for the step under way:
+        # (step, drafts per request it assumed (a depth for every request, or a
+        # [num_reqs] array), budget, whether the look-ahead planned it (else
+        # ``_plan_while_drafting``)).
+        self._ahead: tuple[int, np.ndarray, int, int, int | None, list[int]] | None = None
         self._planned: tuple[int, int | np.ndarray, int, bool] | None = None
         # Adaptive: a round whose recording waits for the forward (slots, confidences).
         self._unrecorded: tuple[np.ndarray, np.ndarray] | None = None
+        # With the look-ahead: this step's proposal time for ``ObservedDraftCost.record``
+        # (requests, ms, depth), learnt during the forward, off the step's host path.
+        self._unrecorded_draft: tuple[int, float, int] | None = None
         # With the look-ahead: the last step's timing, for ``record_step`` in the next one.
         self._step_timing: tuple | None = None
         # Adaptive, look-ahead on: slots of an undrafted step whose ``relax`` waits for the
@@ -450,6 +460,7 @@ class LLMEngine:
         self._overruled = False
         self._held_back = False
         self._unrecorded = None  # recorded in every forward; left only by a failed step
+        self._unrecorded_draft = None
         drafts, draft_probs = self._draft(chunks)
         self.stats.draft_phase_ms.append((time.perf_counter() - phase) * 1e3)
         tokens, num_cached, num_query = [], [], []
@@ -585,11 +596,12 @@ class LLMEngine:
         decode_index = [i for i, c in enumerate(chunks) if c.is_decode]
         if not decode_index:
             return drafts, probs
-        limits = np.array([self._draft_limit(chunks[i]) for i in decode_index])
+        limit_list = [self._draft_limit(chunks[i]) for i in decode_index]
+        limits = np.array(limit_list)
         batch = None
         if self.verifier is not None:
             batch = self._batch_shape(chunks, decode_index)
-            depth = self._drafting_depth(batch, limits)
+            depth = self._drafting_depth(batch, limits, min(limit_list))
             if depth == 0:
                 self.stats.undrafted_steps += 1
                 return drafts, probs
@@ -613,7 +625,10 @@ class LLMEngine:
             and depth > 0
             and self.num_captures() == captures
         ):
-            cost_model.record(len(chunks), drafter_ms, depth)
+            if self.lookahead:  # learnt while the forward runs (``_look_ahead``)
+                self._unrecorded_draft = (len(chunks), drafter_ms, depth)
+            else:
+                cost_model.record(len(chunks), drafter_ms, depth)
         for row, (i, proposed, limit) in enumerate(
             zip(decode_index, proposal.tokens, limits, strict=True)
         ):
@@ -692,11 +707,14 @@ class LLMEngine:
             non_draft=np.array(non_draft, dtype=np.int64),
             num_sampling=num_sampling,
             context=context,
+            slot_list=slots,
+            decode_list=decode_index,
+            num_tokens=sum(non_draft),
         )
         batch.host_ms = (time.perf_counter() - start) * 1e3
         return batch
 
-    def _drafting_depth(self, batch: _Batch, limits: np.ndarray) -> int:
+    def _drafting_depth(self, batch: _Batch, limits: np.ndarray, min_limit: int) -> int:
         """Adaptive: how deep to draft; 0 when even the best plan from the latest recorded
         confidences would not pay for the drafter (``AdaptiveVerifier.drafting_pays``);
         then the requests are relaxed (nothing is recorded for them this step, so they
@@ -710,12 +728,11 @@ class LLMEngine:
         if (
             ahead is not None
             and ahead[4] is not None
-            and batch.num_sampling == num_reqs == batch.decode_index.shape[0]
-            and ahead[1].shape == batch.slots.shape
-            and not (ahead[1] != batch.slots).any()
+            and batch.num_sampling == num_reqs == len(batch.decode_list)
+            and ahead[5] == batch.slot_list
             # Decided for limits of K: the same answer for any limits that leave room for
             # the best drafted plan's depth (``_look_ahead``).
-            and (limits >= ahead[3]).all()
+            and min_limit >= ahead[3]
         ):
             depth, self.verifier.probe_depth = ahead[2], ahead[3]
             self.stats.lookahead_hits += 1
@@ -730,7 +747,7 @@ class LLMEngine:
             depth = self.verifier.drafting_pays(
                 batch.slots, num_drafts, batch.non_draft, batch.num_sampling, batch.context
             )
-        num_tokens = int(batch.non_draft.sum())
+        num_tokens = batch.num_tokens
         mixed = num_tokens != num_reqs  # a prompt chunk shares the step
         if depth and self.gate is not None and not self.gate.should_draft(num_reqs, mixed):
             depth = 0  # measured: undrafted steps emit more tokens per ms at this size
@@ -777,6 +794,9 @@ class LLMEngine:
             self.verifier.cost_model.record_step(*self._step_timing)
             self._step_timing = None
         self._relax_pending()  # this step's, should it not draft
+        if self._unrecorded_draft is not None:  # what this step's proposal took
+            self.verifier.cost_model.record(*self._unrecorded_draft)
+            self._unrecorded_draft = None
         if self._unrecorded is not None:  # the round this step drafted, recorded late
             self.verifier.record(*self._unrecorded)
             self._unrecorded = None
@@ -789,7 +809,8 @@ class LLMEngine:
             self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
             return
         num_reqs = len(decoding)
-        slots = np.fromiter((c.request.slot for c in decoding), np.int64, num_reqs)
+        slot_list = [c.request.slot for c in decoding]
+        slots = np.array(slot_list, dtype=np.int64)
         context = sum(c.request.num_computed for c in decoding) + num_reqs
         ones = np.ones(num_reqs, dtype=np.int64)
         verifier = self.verifier
@@ -804,7 +825,7 @@ class LLMEngine:
                 if depth
                 else 0
             )
-        self._ahead = (self._step_index + 1, slots, depth, probe_depth, budget)
+        self._ahead = (self._step_index + 1, slots, depth, probe_depth, budget, slot_list)
         self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
 
     def _reuses(self, ahead_slots: np.ndarray, decoding: np.ndarray) -> bool:
@@ -829,26 +850,29 @@ class LLMEngine:
             self.verifier.relax(slots)
 
     def _admit_adaptively(self, batch: _Batch, drafts: list[list[int]], proposal: Proposal) -> None:
-        """Stale budget, fresh allocation (``dspark.scheduling.verifier``)."""
+        """Stale budget, fresh allocation (``dspark.scheduling.verifier``). The usual step
+        (every decoding request drafted as planned, the budget admitting them all) runs no
+        NumPy call: per-step host time on the critical path, between proposal and forward."""
         start = time.perf_counter()
         k = self.config.num_drafts
         decode_index = batch.decode_index
-        decoding = decode_index.tolist()
+        decoding = batch.decode_list
         confidences = proposal.confidences
         if confidences is None:
-            confidences = self.acceptance.confidences(decode_index.shape[0])
-        num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
-        num_drafts[decode_index] = [len(drafts[i]) for i in decoding]
+            confidences = self.acceptance.confidences(len(decoding))
+        counts = [len(drafts[i]) for i in decoding]  # drafts per decoding request
+        total = sum(counts)
         rows = np.asarray(confidences)[:, :k]
         planned, self._planned = self._planned, None
-        ahead = (
-            planned is not None
-            and planned[0] == self._step_index
-            and (num_drafts == planned[1]).all()  # the drafts the plan assumed
-        )
-        # Only requests with drafts have confidences to record (one at its length limit, or
-        # not yet ready to draft, proposed none: no round of its own).
-        drafted = num_drafts[decode_index] > 0
+        ahead = planned is not None and planned[0] == self._step_index
+        if ahead:  # the drafts the plan assumed (none for requests not decoding)?
+            assumed = planned[1]
+            if isinstance(assumed, np.ndarray):
+                ahead = assumed[decode_index].tolist() == counts and (int(assumed.sum()) == total)
+            else:  # one depth for every request of the batch
+                ahead = len(counts) == len(batch.slot_list) and all(
+                    count == assumed for count in counts
+                )
         if ahead:
             # Planned during the last forward or while the drafter ran, from the rounds
             # recorded then, which this round turns stale.
@@ -858,10 +882,15 @@ class LLMEngine:
             else:
                 self.stats.drafting_plans += 1
         else:
+            num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
+            num_drafts[decode_index] = counts
             budget = self._plan_budget(batch, num_drafts)
-        if drafted.all():  # the usual case: no copies to select the drafted rows
+        # Only requests with drafts have confidences to record (one at its length limit, or
+        # not yet ready to draft, proposed none: no round of its own).
+        if all(counts):  # the usual case: no copies to select the drafted rows
             round_ = (batch.slots[decode_index], rows)
-        elif drafted.any():
+        elif total:
+            drafted = np.array(counts) > 0
             round_ = (batch.slots[decode_index[drafted]], rows[drafted])
         else:
             round_ = None
@@ -872,23 +901,21 @@ class LLMEngine:
                 self._unrecorded = round_
             else:
                 self.verifier.record(*round_)
-        admitted = np.minimum(num_drafts, budget)  # all of them, or none
-        total = int(num_drafts.sum())
-        if 0 < budget < total:
-            # Only decoding requests have drafts; the others would admit nothing anyway,
-            # and dropping them keeps the batch order, so ties resolve alike.
-            counts = num_drafts[decode_index]
-            if proposal.device_confidences is not None and self.allocate_on_device:
-                on_device = torch.from_numpy(counts).to(self.device)
+        self.stats.budgets.append(budget)
+        if budget < total:  # else every draft is admitted: nothing to cut
+            if budget <= 0:
+                admitted = [0] * len(counts)
+            elif proposal.device_confidences is not None and self.allocate_on_device:
+                # Only decoding requests have drafts; the others would admit nothing
+                # anyway, and dropping them keeps the batch order, so ties resolve alike.
+                on_device = torch.tensor(counts, dtype=torch.int64).to(self.device)
                 chosen = allocate_drafts_torch(
                     proposal.device_confidences[:, :k], on_device, budget
                 )
-                admitted[decode_index] = chosen.cpu().numpy()  # the packed batch is built here
+                admitted = chosen.tolist()  # the packed batch is built here
             else:  # ``AdaptiveVerifier.allocate`` on this round, before it is recorded
-                admitted[decode_index] = allocate_drafts(rows, counts, budget)
-        self.stats.budgets.append(budget)
-        if budget < total:  # else every draft is admitted: nothing to cut
-            for i, count in zip(decoding, admitted[decode_index].tolist(), strict=True):
+                admitted = allocate_drafts(rows, np.array(counts), budget).tolist()
+            for i, count in zip(decoding, admitted, strict=True):
                 del drafts[i][count:]
         self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3)
 

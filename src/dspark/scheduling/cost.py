@@ -7,6 +7,7 @@ token count and context length) implements the same method and plugs in unchange
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -258,7 +259,7 @@ class ObservedDraftCost:
     def record(self, num_reqs: int, drafting_ms: float, depth: int | None = None) -> None:
         """A drafted step of ``num_reqs`` requests took ``drafting_ms`` drafting ``depth``
         positions per request (None: the full block)."""
-        if not np.isfinite(drafting_ms) or drafting_ms < 0:
+        if not math.isfinite(drafting_ms) or drafting_ms < 0:  # per step: no NumPy call
             raise ValueError(f"drafting_ms must be a finite non-negative time, got {drafting_ms}")
         ratio = drafting_ms / max(self._profiled(num_reqs, depth), 1e-9)
         old = self._ratio.get(num_reqs)
