@@ -489,9 +489,10 @@ class LLMEngine:
             num_query_np,
             np.array(tokens, dtype=np.int64),
         )
+        # The logits are queued before the look-ahead, so the device never waits on it.
+        logits = self.model.logits(hidden[row_index]) if rows else None
         if self.verifier is not None and self.lookahead:
             self._look_ahead(chunks, drafts)  # the host's turn while the device computes
-        logits = self.model.logits(hidden[row_index]) if rows else None
         self.stats.forward_ms.append(self._clock() - start_time)
         features = torch.cat(captured, dim=-1) if captured else None
         row_starts = ends - num_query_np
@@ -914,7 +915,9 @@ class LLMEngine:
                 )
                 admitted = chosen.tolist()  # the packed batch is built here
             else:  # ``AdaptiveVerifier.allocate`` on this round, before it is recorded
-                admitted = allocate_drafts(rows, np.array(counts), budget).tolist()
+                # Positions no request drafted never win: ranked without them.
+                deepest = max(counts)
+                admitted = allocate_drafts(rows[:, :deepest], np.array(counts), budget).tolist()
             for i, count in zip(decoding, admitted, strict=True):
                 del drafts[i][count:]
         self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3)
