@@ -249,3 +249,41 @@ def test_one_outlying_step_does_not_drag_the_learnt_depth_line():
     # Noisy steps that make deeper drafts look cheaper: the line stays flat (at the
     # median of the depths' medians), never falling.
     assert _depth_line(deque([(1, 20.0), (4, 17.0), (7, 14.0)])) == (17.0, 0.0)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["record", "step"]),
+            st.integers(1, 8),  # requests
+            st.integers(0, 4),  # depth (0: an undrafted step)
+            st.floats(0.0, 30.0),  # ms
+        ),
+        max_size=12,
+    )
+)
+def test_observed_draft_cost_prices_asked_between_measurements_are_never_stale(events):
+    """Prices are kept between measurements (a step's decisions ask for the same few):
+    a model asked for every price after every measurement answers as a twin that saw the
+    same measurements and is asked only once, at the end."""
+    from dspark.scheduling import build_depth_costs
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    tables = build_cost_tables([(1, 4.0), (8, 8.0)], [(1, 5.0), (64, 6.0)], 8, 64)
+    depth = build_depth_costs({1: [(1, 1.0), (8, 2.0)], 4: [(1, 4.0), (8, 8.0)]}, 4, 8)
+    asked, fresh = (ObservedDraftCost(tables, decay=0.5, depth_ms=depth) for _ in range(2))
+    queries = [(n, d) for n in range(1, 9) for d in (None, 1, 2, 3, 4)]
+
+    def prices(model):
+        return [model.draft_cost_ms(n, d) for n, d in queries] + [
+            model.draft_costs_by_depth(n, 4).tolist() for n in range(1, 9)
+        ]
+
+    for kind, n, d, ms in events:
+        for model in (asked, fresh):
+            if kind == "record":
+                model.record(n, ms, max(d, 1))
+            else:
+                model.record_step(n, n, n * d // 2, d, ms)
+        prices(asked)
+    assert prices(asked) == prices(fresh)

@@ -248,6 +248,11 @@ class ObservedDraftCost:
         self._overhead: dict[tuple[int, bool], tuple[float, float]] = {}
         # Drafted buckets whose window holds one depth so far: that depth.
         self._one_depth: dict[tuple[int, bool], int] = {}
+        # Prices asked for since the last measurement, by (request count, depth): a
+        # step's decisions ask for the same few several times (the depth, then the
+        # budget: four calls of ``draft_cost_ms`` each), and each is a dozen calls of
+        # its own. Every ``record`` and ``record_step`` clears it.
+        self._prices: dict[tuple[int, int | None], float] = {}
 
     def _profiled(self, num_reqs: int, depth: int | None) -> float:
         table = self.depth_ms
@@ -261,6 +266,7 @@ class ObservedDraftCost:
         positions per request (None: the full block)."""
         if not math.isfinite(drafting_ms) or drafting_ms < 0:  # per step: no NumPy call
             raise ValueError(f"drafting_ms must be a finite non-negative time, got {drafting_ms}")
+        self._prices.clear()
         ratio = drafting_ms / max(self._profiled(num_reqs, depth), 1e-9)
         old = self._ratio.get(num_reqs)
         self._ratio[num_reqs] = (
@@ -340,6 +346,7 @@ class ObservedDraftCost:
             raise ValueError(f"wall_ms must be a finite non-negative time, got {wall_ms}")
         if depth < 0 or num_drafts < 0 or (depth == 0 and num_drafts):
             raise ValueError(f"a step drafted {depth} deep cannot admit {num_drafts} drafts")
+        self._prices.clear()
         costs = self.base.step_costs_ms(num_reqs, num_tokens, num_drafts, context_tokens)
         price = float(costs[num_drafts]) - self.base.draft_cost_ms(num_reqs)
         if depth:
@@ -358,8 +365,12 @@ class ObservedDraftCost:
     def draft_cost_ms(self, num_reqs: int, depth: int | None = None) -> float:
         """The drafter's share of a step with ``num_reqs`` requests drafting ``depth``
         positions each (None: the full block), measured overheads included."""
-        profiled = self._profiled(num_reqs, depth) * self._scale(num_reqs)
-        return profiled + self.overhead_ms(num_reqs, depth)
+        key = (num_reqs, depth)
+        price = self._prices.get(key)
+        if price is None:
+            profiled = self._profiled(num_reqs, depth) * self._scale(num_reqs)
+            price = self._prices[key] = profiled + self.overhead_ms(num_reqs, depth)
+        return price
 
     def draft_costs_by_depth(self, num_reqs: int, num_positions: int) -> np.ndarray:
         """``[num_positions + 1]``: ``draft_cost_ms(num_reqs, d)`` for ``d = 1..K``, and
