@@ -768,12 +768,13 @@ class LLMEngine:
 
     def _look_ahead(self, chunks: list[ScheduledChunk], drafts: list[list[int]]) -> None:
         """Adaptive, while the device runs this step's forward: the next step's drafting
-        depth for this step's decoding requests, each decoding with a full K
-        (``drafting_pays`` on what is recorded now). It reads rounds already recorded
+        depth for the requests that decode then (this step's decodes, and prompts whose
+        last chunk runs now), each decoding with a full K (``drafting_pays`` on what is
+        recorded now). It reads rounds already recorded
         (this step's among them), never the next step's drafts, which do not exist yet:
         as lossless as deciding at the next step.
 
-        When the next batch can be exactly these decodes (no prompt chunk now),
+        When the next batch can be exactly these decodes (no prompt left unfinished now),
         ``_drafting_depth`` takes it as that step's own decision if the batch is indeed
         that and every draft limit leaves room for the best drafted plan's depth
         (``probe_depth``; a request near its length limit has a lower limit next step, by
@@ -802,17 +803,24 @@ class LLMEngine:
             self.verifier.record(*self._unrecorded)
             self._unrecorded = None
         k = self.config.num_drafts
-        # The next batch can be exactly these decodes: then the decision (and the budget
-        # planned for it) is that step's own if its limits leave room for the depth.
-        exact = all(c.is_decode for c in chunks)
-        decoding = [c for c in chunks if c.is_decode]
+        # The requests that decode next step unless they finish: this step's decodes and
+        # the prompts whose last chunk runs now (they sample their first token). When
+        # that is every request of this step, the next batch can be exactly these
+        # decodes, and the decision (and the budget planned for it) is that step's own if
+        # its limits leave room for the depth. (Under load a prompt joins every few
+        # steps; counting only this step's decodes left the step after each prompt to
+        # plan its budget while the drafter ran, which a launch-bound target does not
+        # hide.)
+        decoding = [c for c in chunks if c.samples]
+        exact = len(decoding) == len(chunks)
         if not decoding or not (exact or self.config.lookahead_reuse is not None):
             self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
             return
         num_reqs = len(decoding)
         slot_list = [c.request.slot for c in decoding]
         slots = np.array(slot_list, dtype=np.int64)
-        context = sum(c.request.num_computed for c in decoding) + num_reqs
+        # Their context next step (a decode adds its token; accepted drafts are not known).
+        context = sum(c.request.num_computed + c.num_tokens for c in decoding)
         ones = np.ones(num_reqs, dtype=np.int64)
         verifier = self.verifier
         depth = verifier.drafting_pays(slots, ones * k, ones, num_reqs, context)
