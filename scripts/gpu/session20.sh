@@ -25,7 +25,7 @@ source scripts/gpu/env.sh
 set +e +o pipefail
 export G OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
-git log --oneline | head -1
+python3 -m dspark.bench.provenance  # the files that run (this copy's git log can be stale)
 CONC=${CONC:-16}
 case "$1" in
   bench)

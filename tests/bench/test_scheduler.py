@@ -30,3 +30,16 @@ def test_every_verifier_plan_in_the_bench_is_a_real_search(monkeypatch):
     assert cases <= set(result.us)
     assert np.isfinite(list(result.us.values())).all()
     assert "mismatch" in format_table([result])
+
+
+def test_the_saved_results_name_the_code_that_ran(tmp_path):
+    import json
+
+    from dspark.bench.provenance import source_digest
+    from dspark.bench.scheduler import run, save
+
+    config = BenchConfig(sizes=(4,), num_inputs=1, repeats=1, torch_device=None, out_dir=tmp_path)
+    json_path, _ = save(run(config), config)
+    saved = json.loads(json_path.read_text())
+    assert saved["source_digest"] == source_digest()
+    assert [r["num_reqs"] for r in saved["results"]] == [4]

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from dspark.bench.provenance import source_digest
 from dspark.datasets import humaneval_prompt, humaneval_tasks, sharegpt_split
 from dspark.engine import LLM, EngineConfig, SamplingParams
 
@@ -202,6 +203,7 @@ def main(args: argparse.Namespace) -> None:
             {
                 "machine": platform.platform(),
                 "torch": torch.__version__,
+                "source_digest": source_digest(),
                 "threads": torch.get_num_threads(),
                 "args": {k: str(v) for k, v in vars(args).items() if k != "handler"},
                 "rows": [asdict(r) for r in rows],

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from dspark.bench.provenance import source_digest
 from dspark.bench.seed_port import SeedRequestTable, seed_budget
 from dspark.resources import H200_COST_SURFACE, PUBLISHED_ACCEPTANCE, load_json
 from dspark.scheduling import (
@@ -339,6 +340,7 @@ def save(results: Sequence[SizeResult], config: BenchConfig) -> tuple[Path, Path
             "processor": platform.processor(),
             "python": platform.python_version(),
         },
+        "source_digest": source_digest(),  # the code that ran (dspark.bench.provenance)
         "config": {**asdict(config), "out_dir": str(config.out_dir)},
         "num_positions": NUM_POSITIONS,
         "results": [asdict(r) for r in results],

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from dspark.bench.provenance import source_digest
 from dspark.engine.drafter import DSparkDrafter
 from dspark.engine.engine import EngineConfig, LLMEngine, drafter_rows
 from dspark.engine.graphs import CAPTURE_AFTER_WASTE
@@ -497,6 +498,7 @@ def report(
         "acceptance": acceptance,
         "dtype": str(dtype),
         "torch": torch.__version__,
+        "source_digest": source_digest(),  # the code that ran (dspark.bench.provenance)
         "dataset": args.dataset,
         "drafter": f"{args.drafter} ({drafter_name})",
         "max_tokens": args.max_tokens,
@@ -510,7 +512,8 @@ def report(
     if replay is not None:
         title += f"\nacceptance REPLAYED: {replay.trace.source}"
     plot(rows, out / "bench.png", title)
-    print(f"[dspark] wrote {out}/bench.json and bench.png")
+    digest = payload["source_digest"]
+    print(f"[dspark] wrote {out}/bench.json and bench.png (source digest {digest})")
 
 
 def compare(rows: list[dict]) -> list[str]:
