@@ -11,6 +11,7 @@ from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
 from dspark.engine.request import Request
 from dspark.engine.sampling import SamplingParams
+from dspark.engine.scheduler import Scheduler
 from dspark.models.shapes import SHAPES, random_model
 from dspark.ops import allocate_drafts_torch
 
@@ -391,6 +392,44 @@ def test_drafting_decisions_taken_ahead_are_the_ones_taken_in_step(
     # some of them with room still for the depth decided (taken ahead all the same).
     assert 10 <= on.stats.lookahead_hits < len(on_depths)
     assert on.hits_below_k >= 3
+
+
+def test_the_step_after_a_prompt_finishes_takes_the_decision_made_ahead(
+    shaped, draft_model, monkeypatch
+):
+    """The look-ahead also decides for the prompts whose last chunk runs in its step (they
+    decode next): a step whose batch is the previous step's decodes plus such a prompt
+    takes the depth and budget decided ahead, as a step of unchanged decodes does."""
+    after_prompt = []  # per step that follows one ending a prompt: taken ahead?
+    step, schedule = LLMEngine.step, Scheduler.schedule
+    scheduled = []  # this step's chunks as scheduled: (decoding, samples)
+
+    def logged_schedule(self, *args):
+        chunks = schedule(self, *args)
+        scheduled.append([(c.is_decode, c.samples) for c in chunks])
+        return chunks
+
+    def logged_step(self):
+        scheduled.clear()
+        hits = self.stats.lookahead_hits
+        out = step(self)
+        chunks = scheduled[0] if scheduled else []
+        if chunks and getattr(self, "_prompt_ended", False):
+            after_prompt.append(self.stats.lookahead_hits > hits)
+        # This step ran the last chunk of a prompt, and every request in it sampled.
+        self._prompt_ended = any(not decoding for decoding, _ in chunks) and all(
+            samples for _, samples in chunks
+        )
+        return out
+
+    monkeypatch.setattr(Scheduler, "schedule", logged_schedule)
+    monkeypatch.setattr(LLMEngine, "step", logged_step)
+    _adaptive_run(shaped, draft_model, "on", monkeypatch)
+    # Before the look-ahead covered finishing prompts none of these steps could take the
+    # decision ahead (it was for the decodes alone); some still miss (a request finished,
+    # or another prompt joined).
+    assert len(after_prompt) >= 4
+    assert sum(after_prompt) >= len(after_prompt) // 2
 
 
 def test_a_changed_batch_may_take_the_depth_decided_ahead(shaped, draft_model, monkeypatch):
