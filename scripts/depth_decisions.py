@@ -64,8 +64,8 @@ def main() -> None:
     decisions = []  # (depth, has a prompt chunk, smallest draft limit)
     decide = engine._drafting_depth
 
-    def logged(batch, limits):
-        depth = decide(batch, limits)
+    def logged(batch, limits, *rest):
+        depth = decide(batch, limits, *rest)
         mixed = int(batch.non_draft.sum()) != batch.slots.shape[0]
         decisions.append((depth, mixed, int(limits.min())))
         return depth

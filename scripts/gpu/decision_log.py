@@ -87,12 +87,12 @@ def instrument(engine, log):
         current["slots"] = [int(c.request.slot) for c in chunks]
         return chunks
 
-    def logged_depth(batch, limits):
+    def logged_depth(batch, limits, *rest):
         slots = batch.slots
         current["stale"] = np.round(verifier._fresh.take(slots, axis=0)[:, :3], 3).tolist()
         current["unrecorded"] = verifier._unrecorded.take(slots).tolist()
         current["rho"] = round(float(verifier.predictiveness), 3)
-        depth = drafting_depth(batch, limits)
+        depth = drafting_depth(batch, limits, *rest)
         current["priced"] = dict(priced)  # the latest pricing: this step's, made now or ahead
         current["depth"] = int(depth)
         current["probe_depth"] = int(verifier.probe_depth)
