@@ -860,8 +860,9 @@ class LLMEngine:
 
     def _admit_adaptively(self, batch: _Batch, drafts: list[list[int]], proposal: Proposal) -> None:
         """Stale budget, fresh allocation (``dspark.scheduling.verifier``). The usual step
-        (every decoding request drafted as planned, the budget admitting them all) runs no
-        NumPy call: per-step host time on the critical path, between proposal and forward."""
+        (every decoding request drafted as planned, the budget admitting them all) checks
+        and counts on Python lists, with no NumPy reduction: per-step host time on the
+        critical path, between proposal and forward."""
         start = time.perf_counter()
         k = self.config.num_drafts
         decode_index = batch.decode_index
