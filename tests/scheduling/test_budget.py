@@ -389,3 +389,39 @@ def test_depth_rates_match_every_depth_and_budget_by_brute_force(
             if np.isfinite(best)
             else (rates[depth] == -np.inf)
         )
+
+
+@given(
+    st.integers(1, 9),  # K
+    st.integers(1, 400),  # requests
+    st.sampled_from([0.0, 0.5, 1.0]),  # share of values drawn from a few ties
+    st.integers(0, 2**31),
+)
+def test_ranking_by_position_then_merging_gives_the_full_sort(k, n, tied, seed):
+    """``sort_ranked`` (each position sorted, then the runs merged, above
+    ``MERGE_MIN_SLOTS``) returns the very values a full sort does, ties and zeros
+    included; the budget searched over scores by request equals the flat search's."""
+    from unittest import mock
+
+    from dspark.scheduling import survival as survival_module
+    from dspark.scheduling.budget import best_budget
+
+    rng = np.random.default_rng(seed)
+    scores = rng.uniform(0.0, 1.0, (k, n))
+    ties = rng.random((k, n)) < tied
+    scores[ties] = rng.choice([0.0, 0.25, 0.5], ties.sum())
+    expected = np.sort(scores.ravel())
+    with mock.patch.object(survival_module, "MERGE_MIN_SLOTS", 1):
+        merged = survival_module.sort_ranked(scores.copy())
+    assert np.array_equal(merged, expected)
+    assert np.array_equal(survival_module.sort_ranked(scores.copy()), expected)
+    cap = k * n
+    costs = np.maximum.accumulate(5.0 + rng.uniform(0.0, 0.02, cap + 1).cumsum())
+    by_request = np.ascontiguousarray(scores.T)
+    with mock.patch.object(survival_module, "RANKING", "sort"):  # both searches sort
+        flat = best_budget(by_request.ravel(), cap, n, costs)
+        with (
+            mock.patch.object(survival_module, "MERGE_MIN_SLOTS", 1),
+            mock.patch.object(budget_module, "MERGE_MIN_SLOTS", 1),
+        ):
+            assert best_budget(by_request, cap, n, costs) == flat

@@ -35,9 +35,11 @@ from dspark.scheduling._checks import (
 )
 from dspark.scheduling.cost import VERIFY_FLOOR_MS, StepCostModel
 from dspark.scheduling.survival import (
+    MERGE_MIN_SLOTS,
     bin_keys,
     num_bins_for,
     scores_in_bins,
+    sort_ranked,
     sorting_is_faster,
     survival_by_position,
 )
@@ -55,15 +57,17 @@ def draft_cap(num_drafts_total: int, num_reqs: int, max_total_logits: int, num_b
 def best_budget(scores: np.ndarray, cap: int, num_sampling: int, costs: np.ndarray) -> int:
     """Smallest ``b`` in ``0..cap`` maximising ``(num_sampling + top-b sum) / costs[b]``.
 
-    ``scores`` are survival scores in [0, 1]; unscheduled slots may be present as zeros
-    (they sort last and ``cap`` never reaches past the scheduled ones). ``costs`` is
-    ``[cap + 1]``, positive and non-decreasing (the ``StepCostModel`` contract).
+    ``scores`` are survival scores in [0, 1], flat or ``[num_reqs, K]`` (then a full
+    ranking sorts each position's column and merges them, ``sort_ranked``); unscheduled
+    slots may be present as zeros (they sort last and ``cap`` never reaches past the
+    scheduled ones). ``costs`` is ``[cap + 1]``, positive and non-decreasing (the
+    ``StepCostModel`` contract).
     """
     if cap == 0:
         return 0
-    if search_sorts(scores.shape[0]):
+    if search_sorts(scores.size):
         return _best_budget_sorted(scores, cap, num_sampling, costs)
-    return _best_budget_binned(scores, cap, num_sampling, costs)
+    return _best_budget_binned(scores.ravel(), cap, num_sampling, costs)
 
 
 def search_sorts(num_slots: int) -> bool:
@@ -84,7 +88,8 @@ def _trial_costs(num_slots: int) -> np.ndarray:
 
 def _sorted_trial(scores: np.ndarray, _rank: int) -> int:
     num_slots = scores.shape[0]
-    return _best_budget_sorted(scores, num_slots, num_slots // 7, _trial_costs(num_slots))
+    by_request = scores.reshape(7, -1).T  # the trial's scores are position-major, K = 7
+    return _best_budget_sorted(by_request, num_slots, num_slots // 7, _trial_costs(num_slots))
 
 
 def _binned_trial(scores: np.ndarray, _rank: int) -> int:
@@ -179,8 +184,13 @@ def _depth_rates_merged(survival, verify_ms, num_sampling, draft_ms, cap) -> np.
 
 def _best_budget_sorted(scores: np.ndarray, cap: int, num_sampling: int, costs: np.ndarray) -> int:
     # Negated scores sort ascending into the descending order of the scores, so running
-    # sums read forwards (several times faster than over a reversed view).
-    ranked = np.negative(scores)
+    # sums read forwards (several times faster than over a reversed view). Many scores
+    # by request are ranked position by position, then merged (``sort_ranked``).
+    if scores.ndim == 2 and scores.size >= MERGE_MIN_SLOTS:
+        return best_in_ranked(
+            sort_ranked(np.negative(scores.T, order="C")), cap, num_sampling, costs
+        )
+    ranked = np.negative(scores.ravel())
     ranked.sort()
     return best_in_ranked(ranked, cap, num_sampling, costs)
 
@@ -346,8 +356,7 @@ def choose_draft_budget(
     costs = tables.step_costs_ms(num_reqs, num_tokens, cap, context_tokens)
     num_slots = confidences.size
     if search_sorts(num_slots):
-        ranked = survival_by_position(confidences, drafts.counts, drafts.is_full, True).ravel()
-        ranked.sort()
-        return best_in_ranked(ranked, cap, num_sampling, costs)
+        ranked = survival_by_position(confidences, drafts.counts, drafts.is_full, True)
+        return best_in_ranked(sort_ranked(ranked), cap, num_sampling, costs)
     scores = survival_by_position(confidences, drafts.counts, drafts.is_full).ravel()
     return _best_budget_binned(scores, cap, num_sampling, costs)

@@ -372,7 +372,7 @@ class AdaptiveVerifier:
         self, slots, num_drafts, num_non_draft, num_sampling, context_tokens, state=None
     ):
         """What the budget search needs, or None when nothing can be verified: the
-        survival to rank (flat, request-major, unscheduled positions zeroed), the step
+        survival to rank (``[num_reqs, K]``, unscheduled positions zeroed), the step
         costs for budgets 0..cap and the drafter's share of them (None for a model
         without a drafter price; the drafter is priced at the deepest draft scheduled).
         ``state``: the slots' survival rows ``[num_reqs, K]`` (a copy, modified here),
@@ -406,7 +406,7 @@ class AdaptiveVerifier:
             if depth < k:  # drafted shallower than the block: that depth's price
                 drafter_ms = draft_cost(num_reqs, depth)
                 costs = costs + (drafter_ms - full)
-        return survival.ravel(), costs, drafter_ms
+        return survival, costs, drafter_ms  # survival: [num_reqs, K]
 
     def allocate(self, slots: np.ndarray, num_drafts: np.ndarray, budget: int) -> np.ndarray:
         """Admitted drafts per request: the budget's slots of highest fresh survival."""
