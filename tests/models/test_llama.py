@@ -129,6 +129,8 @@ def test_skinny_linear_matches_f_linear(rows):
     x = torch.randn(rows, 40, generator=gen)
     torch.testing.assert_close(linear(x, weight, bias), F.linear(x, weight, bias))
     torch.testing.assert_close(linear(x, weight), F.linear(x, weight))
+    # Row-major whichever product ran: what follows a linear runs along its rows.
+    assert linear(x, weight).is_contiguous() and linear(x, weight, bias).is_contiguous()
     batched = x.reshape(1, rows, 40)
     assert linear(batched, weight).shape == (1, rows, 96)
     torch.testing.assert_close(linear(batched, weight), F.linear(batched, weight))

@@ -126,7 +126,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if rows == 1:
         out = torch.mm(weight, torch.cat((flat, flat)).t())[:, :1].t()
     else:
-        out = torch.mm(weight, flat.t()).t()
+        # Made row-major: left transposed, the [rows, out] result sends every elementwise
+        # step after it (bias, activation, norm, residual, the sampler's reductions) along
+        # its few rows. This CPU, SmolLM2, one request's verify forward, paired against
+        # the transposed result: 0.80x the time at 2 tokens, 0.87x at 3-4, 0.97x at 8.
+        out = torch.mm(weight, flat.t()).t().contiguous()
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -168,8 +172,10 @@ def tune_small_rows(
                             x = inputs[w.shape[1]][:rows]
                             if path == 0:
                                 F.linear(x, w)
-                            else:  # as ``linear`` runs it: one row doubled
-                                torch.mm(w, (torch.cat((x, x)) if rows == 1 else x).t())
+                            elif rows == 1:  # as ``linear`` runs it: one row doubled
+                                torch.mm(w, torch.cat((x, x)).t())
+                            else:  # as ``linear`` runs it: the result made row-major
+                                torch.mm(w, x.t()).t().contiguous()
                         best[path] = min(best[path], clock() - start)
                 plan[below + 1 : rows + 1] = [best[1] < best[0]] * (rows - below)
                 below = rows
