@@ -122,15 +122,16 @@ def test_captured_layer_outputs_match_transformers_hidden_states(tmp_path):
 def test_skinny_linear_matches_f_linear(rows):
     import torch.nn.functional as F
 
-    from dspark.models.llama import linear
+    from dspark.models.llama import ROW_MAJOR_MAX_ROWS, linear
 
     gen = torch.Generator().manual_seed(rows)
     weight, bias = torch.randn(96, 40, generator=gen), torch.randn(96, generator=gen)
     x = torch.randn(rows, 40, generator=gen)
     torch.testing.assert_close(linear(x, weight, bias), F.linear(x, weight, bias))
     torch.testing.assert_close(linear(x, weight), F.linear(x, weight))
-    # Row-major whichever product ran: what follows a linear runs along its rows.
-    assert linear(x, weight).is_contiguous() and linear(x, weight, bias).is_contiguous()
+    # Row-major for a few rows whichever product ran: what follows runs along its rows.
+    if rows <= ROW_MAJOR_MAX_ROWS:
+        assert linear(x, weight).is_contiguous() and linear(x, weight, bias).is_contiguous()
     batched = x.reshape(1, rows, 40)
     assert linear(batched, weight).shape == (1, rows, 96)
     torch.testing.assert_close(linear(batched, weight), F.linear(batched, weight))

@@ -98,6 +98,16 @@ _ROW_PLAN: dict[tuple[int, int], tuple[bool, ...]] = {}
 _TUNED: dict[tuple, tuple[bool, ...]] = {}  # the plans tune_small_rows measured, per weight set
 
 
+ROW_MAJOR_MAX_ROWS = 8
+"""Up to this many rows the transposed product's ``[rows, out]`` result is copied
+row-major: left transposed, every elementwise step after it (bias, activation, norm,
+residual, the sampler's reductions) runs along its few rows. This CPU, SmolLM2, a verify
+forward paired against the transposed result (``scripts/cpu_row_major_ab.py``, two runs):
+0.74-0.77x the time at one request verifying 2 tokens, 0.82-0.86x at 4, 0.97x at 8; at
+four requests 0.83-0.96x at 1 token each, 0.90-1.03x at 2, 1.03x at 4 (16 rows, where the
+copy costs what it saves)."""
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
     """``F.linear``, except for a few dozen rows on the CPU, where which product is faster
     depends on the machine's BLAS. On the 2-core EPYC of earlier sessions ``F.linear``
@@ -126,11 +136,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if rows == 1:
         out = torch.mm(weight, torch.cat((flat, flat)).t())[:, :1].t()
     else:
-        # Made row-major: left transposed, the [rows, out] result sends every elementwise
-        # step after it (bias, activation, norm, residual, the sampler's reductions) along
-        # its few rows. This CPU, SmolLM2, one request's verify forward, paired against
-        # the transposed result: 0.80x the time at 2 tokens, 0.87x at 3-4, 0.97x at 8.
-        out = torch.mm(weight, flat.t()).t().contiguous()
+        out = torch.mm(weight, flat.t()).t()
+        if rows <= ROW_MAJOR_MAX_ROWS:
+            out = out.contiguous()
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -174,8 +182,10 @@ def tune_small_rows(
                                 F.linear(x, w)
                             elif rows == 1:  # as ``linear`` runs it: one row doubled
                                 torch.mm(w, torch.cat((x, x)).t())
-                            else:  # as ``linear`` runs it: the result made row-major
+                            elif rows <= ROW_MAJOR_MAX_ROWS:  # as ``linear`` runs it
                                 torch.mm(w, x.t()).t().contiguous()
+                            else:
+                                torch.mm(w, x.t())
                         best[path] = min(best[path], clock() - start)
                 plan[below + 1 : rows + 1] = [best[1] < best[0]] * (rows - below)
                 below = rows
