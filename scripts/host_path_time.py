@@ -74,7 +74,8 @@ def main() -> None:
     print(
         f"between proposal and forward: {path:.1f} us a step (median sums); budgets planned "
         f"ahead {stats.lookahead_plans}, while drafting "
-        f"{getattr(stats, 'drafting_plans', 0)}, of "
+        f"{getattr(stats, 'drafting_plans', 0)}, from shares "
+        f"{getattr(stats, 'share_plans', 0)}, of "
         f"{len(stats.budgets)}"
     )
 

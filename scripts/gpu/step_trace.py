@@ -328,7 +328,7 @@ def main() -> None:
                     f"  depth steps {dict(sorted(stats.depth_steps.items()))}, gate vetoes "
                     f"{stats.gate_vetoes}, probes {stats.probes}, lookahead hits "
                     f"{stats.lookahead_hits} plans {stats.lookahead_plans} (while drafting "
-                    f"{stats.drafting_plans}) reused "
+                    f"{stats.drafting_plans}, shares {getattr(stats, 'share_plans', 0)}) reused "
                     f"{stats.lookahead_reused}, schedule median "
                     f"{np.median(stats.schedule_ms) * 1e3:.0f} us, lookahead median "
                     f"{np.median(stats.lookahead_ms or [0]) * 1e3:.0f} us, drafted decode "

@@ -86,14 +86,15 @@ def test_greedy_speculation_equals_plain_greedy_on_a_random_model(tiny, spec):
 )
 def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(tmp_path, spec, lookahead):
     """With the look-ahead on, depths decided ahead are taken by the same decodes and,
-    most of the time, by batches that changed (``lookahead_reuse``): still lossless."""
+    most of the time, by batches that changed (``lookahead_reuse``), and such batches take
+    their shares of the budget planned ahead (``lookahead_shares``): still lossless."""
     from tests.models.test_drafter import random_drafter
 
     target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
     drafter = random_drafter(target, block_size=5)
     prompts = repetitive_prompts(10)
     plain, _ = run(target, prompts)
-    reused = 0
+    reused = shared = 0
     for k, seed in ((2, 0), (5, 1)):
         cost = RandomCost(seed) if spec == "adaptive" else None
         out, engine = run(
@@ -109,7 +110,9 @@ def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(tmp_path, 
         assert [o.token_ids for o in out] == [o.token_ids for o in plain]
         assert engine.stats.num_verified > engine.stats.num_decode_rounds
         reused += engine.stats.lookahead_reused
+        shared += engine.stats.share_plans
     assert (reused > 0) == (lookahead == "on")
+    assert (shared > 0) == (lookahead == "on")
 
 
 def concentrated_model(tmp_path, live: int = 6):

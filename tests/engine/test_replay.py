@@ -307,11 +307,12 @@ class DepthCost:
         return 0.5 + 0.2 * (7 if depth is None else depth)
 
 
-def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=None):
+def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=None, shares=False):
     """Ten requests through four slots, with staggered lengths: batches change as requests
     finish and join, and limits fall below K near each request's end. Each request's
     latest round is taken as it is (predictiveness held at 1), so a decision depends on
-    which requests are in the batch, not only on how many."""
+    which requests are in the batch, not only on how many. ``shares``:
+    ``EngineConfig.lookahead_shares`` (off: every budget is the step's own plan)."""
     import dspark.scheduling.verifier as verifier_module
 
     monkeypatch.setattr(verifier_module, "PREDICTIVENESS_MIN_PAIRS", 10**9)
@@ -327,6 +328,7 @@ def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=
             throughput_gate=False,
             lookahead=lookahead,
             lookahead_reuse=reuse,
+            lookahead_shares=shares,
         ),
         drafter=ReplayDrafter(inner, AcceptanceTrace.load(), seed=1),
         cost_model=cost or DepthCost(),
@@ -473,6 +475,51 @@ def test_a_changed_batch_may_take_the_depth_decided_ahead(shaped, draft_model, m
     assert on.stats.lookahead_hits >= 10 and on.stats.lookahead_plans <= on.stats.lookahead_hits
     exact, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch)  # without reuse
     assert exact.stats.lookahead_reused == 0 and exact.stats.lookahead_hits >= 10
+
+
+def test_a_batch_that_lost_requests_takes_their_shares_of_the_budget_planned_ahead(
+    shaped, draft_model, monkeypatch
+):
+    """``EngineConfig.lookahead_shares``: a step whose decoding requests were all planned
+    for ahead, at the depth planned, but whose batch is not exactly them takes the sum of
+    their shares (each capped at its drafts) as its budget, and plans nothing while the
+    drafter runs; any other step plans as before."""
+    ahead_shares, taken = {}, []
+    look_ahead, admit = LLMEngine._look_ahead, LLMEngine._admit_adaptively
+
+    def logged_ahead(self, chunks, drafts):
+        look_ahead(self, chunks, drafts)
+        if self._shares is not None:
+            ahead_shares[self._shares[0]] = self._shares
+            _, depth, of_slot = self._shares
+            # The shares are the plan's: they sum to its budget (the exact batch's).
+            if self._ahead[4] is not None:
+                assert sum(of_slot.values()) == self._ahead[4]
+            assert all(0 <= share <= depth for share in of_slot.values())
+
+    def logged_admit(self, batch, drafts, proposal):
+        shared, planned_while = self.stats.share_plans, self.stats.drafting_plans
+        counts = [len(drafts[i]) for i in batch.decode_list]
+        admit(self, batch, drafts, proposal)
+        if self.stats.share_plans > shared:
+            _, depth, of_slot = ahead_shares[self._step_index]
+            slots = [batch.slot_list[i] for i in batch.decode_list]
+            expected = sum(min(of_slot[s], c) for s, c in zip(slots, counts, strict=True))
+            exact = slots == list(of_slot) and len(slots) == len(batch.slot_list)
+            taken.append((self.stats.budgets[-1] == expected, exact))
+            assert max(counts) <= depth
+            assert self.stats.drafting_plans == planned_while
+
+    monkeypatch.setattr(LLMEngine, "_look_ahead", logged_ahead)
+    monkeypatch.setattr(LLMEngine, "_admit_adaptively", logged_admit)
+    on, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8, shares=True)
+    assert on.stats.share_plans == len(taken) >= 3
+    assert all(right for right, _ in taken)
+    assert not all(exact for _, exact in taken)  # changed batches among them
+    off, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8)
+    assert off.stats.share_plans == 0
+    # Fewer budgets planned in the step, or while the drafter ran.
+    assert on.stats.drafting_plans < off.stats.drafting_plans
 
 
 class TimedDepthCost(DepthCost):

@@ -84,6 +84,51 @@ def test_a_budget_planned_ahead_is_the_plan_after_the_next_record(data):
     assert verifier.plan(slots, drafts, non_draft, n) == ahead
 
 
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_shares_of_a_budget_planned_ahead_are_its_top_slots_by_request(data):
+    """``plan_shares``: the budget is ``plan(..., ahead=True)``'s, and each request's share
+    is its count in a brute-force global top-budget of the survival that plan ranked (the
+    latest recorded round, predictiveness still 1), earlier position then lower request
+    first on ties; shares sum to the budget and never exceed the drafts."""
+    k, num_slots = 3, 5
+    verifier = make(num_slots, k, LinearCost(1.0, data.draw(st.sampled_from([0.05, 0.3, 0.9]))))
+    for slot in range(num_slots):
+        verifier.add_request(slot)
+    # Coarse confidences, so that survival ties are common.
+    unit = st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0])
+    rows = np.array(
+        data.draw(st.lists(st.lists(unit, min_size=k, max_size=k), min_size=5, max_size=5))
+    ).reshape(num_slots, k)
+    verifier.record(np.arange(num_slots), rows)
+    slots = np.array(data.draw(st.lists(st.integers(0, num_slots - 1), min_size=1, unique=True)))
+    n = len(slots)
+    drafts = np.array(data.draw(st.lists(st.integers(0, k), min_size=n, max_size=n)))
+    non_draft = np.ones(n, dtype=np.int64)
+    budget, shares = verifier.plan_shares(slots, drafts, non_draft, n)
+    assert budget == verifier.plan(slots, drafts, non_draft, n, ahead=True)
+    assert shares.sum() == budget and (shares <= drafts).all() and (shares >= 0).all()
+    survival = np.cumprod(rows[slots], axis=1)
+    ranked = sorted(
+        ((-survival[r, p], p, r) for r in range(n) for p in range(drafts[r])),
+    )
+    expected = np.zeros(n, dtype=np.int64)
+    for _, _, r in ranked[:budget]:
+        expected[r] += 1
+    assert shares.tolist() == expected.tolist()
+
+
+def test_shares_of_a_budget_planned_ahead_by_hand():
+    """Two requests, K = 3, 0.25 ms a token on a 1 ms step: the budget is 3 (0.9, 0.81,
+    0.729 pay, 0.1 does not), all three slots of the first request."""
+    verifier = make()
+    for slot in (0, 2):
+        verifier.add_request(slot)
+    verifier.record(np.array([2, 0]), np.array([[0.9, 0.9, 0.9], [0.1, 0.1, 0.1]]))
+    budget, shares = verifier.plan_shares(np.array([2, 0]), np.array([3, 3]), np.ones(2), 2)
+    assert budget == 3 and shares.tolist() == [3, 0]
+
+
 def test_stale_is_per_slot_and_skipped_steps_keep_the_last_record():
     verifier = make()
     for slot in (0, 1):

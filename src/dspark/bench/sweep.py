@@ -98,6 +98,7 @@ class Measurement:
     lookahead_us_per_step: float = 0.0  # look-ahead host time, used or not (during forwards)
     lookahead_plans: int = 0  # adaptive: of the hits, budgets planned ahead too
     drafting_plans: int = 0  # adaptive: budgets planned while the drafter ran
+    share_plans: int = 0  # adaptive: budgets summed from shares planned ahead (changed batch)
     lookahead_reused: int = 0  # adaptive: depths decided ahead for a batch that changed
     heap_frozen: bool = False  # the start-up heap frozen for the run (``--freeze-gc``)
     gc_full: int = 0  # full (oldest-generation) collections while measuring
@@ -202,6 +203,7 @@ def measure(
         lookahead_reused=stats.lookahead_reused,
         lookahead_plans=stats.lookahead_plans,
         drafting_plans=stats.drafting_plans,
+        share_plans=stats.share_plans,
         lookahead_us_per_step=sum(stats.lookahead_ms) * 1e3 / max(stats.num_steps, 1),
         heap_frozen=freeze_gc,
         gc_full=pauses.counts[2],
@@ -436,6 +438,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "lookahead_us_per_step",
         "lookahead_plans",
         "drafting_plans",
+        "share_plans",
         "lookahead_reused",
         "gc_full",
         "gc_full_s",

@@ -98,6 +98,13 @@ class EngineConfig:
     # decided for (its budget is then planned in the step); None: decide such a step in
     # the step, so every depth is the one the step would take itself.
     lookahead_reuse: float | None = 0.75
+    # Adaptive, look-ahead on: a next batch whose decoding requests were all planned for
+    # ahead, but that is not exactly them (one finished, a prompt chunk joined), takes as
+    # its budget the sum of its requests' shares of the budget planned ahead
+    # (``AdaptiveVerifier.plan_shares``) instead of planning in the step (while the
+    # drafter runs, which a launch-bound target does not hide). False: plan such a step's
+    # budget itself, so every budget is the one the step would plan.
+    lookahead_shares: bool = True
     # CPU: products of 2-64 rows (a verify step's K + 1 per request) run as whichever of
     # F.linear and weight @ x.T measured faster on this machine at start-up, over the
     # target's own weights (the drafter's shapes that match them follow; its others keep
@@ -175,6 +182,9 @@ class EngineStats:
     # (``LLMEngine._plan_while_drafting``; the host time of every such plan, taken or
     # not, is in ``lookahead_ms``).
     drafting_plans: int = 0
+    # Adaptive: steps whose batch changed and took the sum of its requests' shares of the
+    # budget planned ahead (``EngineConfig.lookahead_shares``).
+    share_plans: int = 0
     capture_steps: int = 0  # steps that captured a CUDA graph (a one-time cost per shape)
     # Host phases of a step (ms, no device sync): drafting as a whole (gate, proposal,
     # budget, allocation), verification and emission, the drafter's context update.
@@ -305,6 +315,9 @@ class LLMEngine:
         # ``_plan_while_drafting``)).
         self._ahead: tuple[int, np.ndarray, int, int, int | None, list[int]] | None = None
         self._planned: tuple[int, int | np.ndarray, int, bool] | None = None
+        # Adaptive: each request's share of the budget planned ahead (step it is for,
+        # depth, {slot: admitted drafts}; ``EngineConfig.lookahead_shares``).
+        self._shares: tuple[int, int, dict[int, int]] | None = None
         # Adaptive: a round whose recording waits for the forward (slots, confidences).
         self._unrecorded: tuple[np.ndarray, np.ndarray] | None = None
         # With the look-ahead: this step's proposal time for ``ObservedDraftCost.record``
@@ -656,6 +669,7 @@ class LLMEngine:
             not self.lookahead
             or not getattr(self.drafter, "runs_host_work_while_drafting", False)
             or (planned is not None and planned[0] == self._step_index)
+            or self._shared_budget(batch, limits.tolist()) is not None
         ):
             return None
         num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
@@ -668,6 +682,27 @@ class LLMEngine:
             self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
 
         return plan
+
+    def _shared_budget(self, batch: _Batch, counts: list[int]) -> int | None:
+        """The sum of the decoding requests' shares of the budget planned ahead, each at
+        most its ``counts`` (drafts, in decoding order), or None when the shares do not
+        cover this step: planned for another step or depth, or a decoding request was not
+        planned for (``EngineConfig.lookahead_shares``)."""
+        shares = self._shares
+        if shares is None or shares[0] != self._step_index or not counts:
+            return None
+        priced = self._priced_step
+        if priced is None or priced[2] != shares[1]:
+            return None
+        of_slot = shares[2]
+        slot_list = batch.slot_list
+        budget = 0
+        for i, count in zip(batch.decode_list, counts, strict=True):
+            share = of_slot.get(slot_list[i])
+            if share is None:
+                return None
+            budget += min(share, count)
+        return budget
 
     def _plan_budget(self, batch: _Batch, num_drafts: np.ndarray) -> int:
         """The step's budget before its round is recorded, from what that record turns
@@ -796,6 +831,7 @@ class LLMEngine:
             self.verifier.cost_model.record_step(*self._step_timing)
             self._step_timing = None
         self._relax_pending()  # this step's, should it not draft
+        self._shares = None
         if self._unrecorded_draft is not None:  # what this step's proposal took
             self.verifier.cost_model.record(*self._unrecorded_draft)
             self._unrecorded_draft = None
@@ -828,7 +864,15 @@ class LLMEngine:
         # The budget of that step, should it draft that deep (the gate may still say no):
         # planned from the rounds recorded now, which its own round turns stale.
         budget = None
-        if exact:
+        if depth and self.config.lookahead_shares:
+            # With each request's share, for a next batch of fewer of them, or with a
+            # prompt chunk besides (``_shared_budget``).
+            budget, shares = verifier.plan_shares(slots, ones * depth, ones, num_reqs, context)
+            of_slot = dict(zip(slot_list, shares.tolist(), strict=True))
+            self._shares = (self._step_index + 1, depth, of_slot)
+            if not exact:
+                budget = None
+        elif exact:
             budget = (
                 verifier.plan(slots, ones * depth, ones, num_reqs, context, ahead=True)
                 if depth
@@ -892,9 +936,13 @@ class LLMEngine:
             else:
                 self.stats.drafting_plans += 1
         else:
-            num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
-            num_drafts[decode_index] = counts
-            budget = self._plan_budget(batch, num_drafts)
+            budget = self._shared_budget(batch, counts)
+            if budget is None:
+                num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
+                num_drafts[decode_index] = counts
+                budget = self._plan_budget(batch, num_drafts)
+            else:
+                self.stats.share_plans += 1
         # Only requests with drafts have confidences to record (one at its length limit, or
         # not yet ready to draft, proposed none: no round of its own).
         if all(counts):  # the usual case: no copies to select the drafted rows

@@ -272,6 +272,45 @@ class AdaptiveVerifier:
         round turns stale, so the answer is the one ``plan`` gives after that ``record``
         (for the slots that record it; the cost model as it stands now). An engine can
         take it while the device still runs the current step."""
+        budget, _ = self._planned_survival(
+            slots, num_drafts, num_non_draft, num_sampling, context_tokens, ahead
+        )
+        return budget
+
+    def plan_shares(
+        self,
+        slots: np.ndarray,
+        num_drafts: np.ndarray,
+        num_non_draft: np.ndarray,
+        num_sampling: int,
+        context_tokens: int = 0,
+    ) -> tuple[int, np.ndarray]:
+        """``plan(..., ahead=True)`` and the budget's share of each request: ``[num_reqs]``
+        admitted drafts of a global top-budget of the survival the plan ranked (ties as
+        ``allocate``), summing to the budget.
+
+        A batch that turns out to be these requests less some (one finished, another
+        nears its limit) can take the sum of its requests' shares as its budget: the
+        slots this plan found worth their price, without planning again. That is the
+        same marginal survival cut at about the same step cost, not the budget the seed's
+        search would give the smaller batch; it reads only recorded confidences, so it
+        is as lossless as ``plan``."""
+        budget, survival = self._planned_survival(
+            slots, num_drafts, num_non_draft, num_sampling, context_tokens, True
+        )
+        drafts = np.asarray(num_drafts, dtype=np.int64)
+        total = int(drafts.sum())
+        if survival is None or budget == 0:
+            return budget, np.zeros(drafts.shape[0], dtype=np.int64)
+        if budget >= total:
+            return budget, drafts.copy()
+        return budget, admit_top_slots(survival.T.copy(), drafts, budget)
+
+    def _planned_survival(
+        self, slots, num_drafts, num_non_draft, num_sampling, context_tokens, ahead
+    ) -> tuple[int, np.ndarray | None]:
+        """``plan``'s budget and the ``[num_reqs, K]`` survival it ranked (None when
+        nothing can be verified)."""
         slots = self._check_slots(slots)
         if ahead:  # the next record turns these stale, and snapshots the state as it is now
             rows = self._fresh.take(slots, axis=0)
@@ -285,9 +324,9 @@ class AdaptiveVerifier:
             slots, num_drafts, num_non_draft, num_sampling, context_tokens, rows
         )
         if priced is None:
-            return 0
+            return 0, None
         survival, costs, _ = priced
-        return best_budget(survival, costs.shape[0] - 1, int(num_sampling), costs)
+        return best_budget(survival, costs.shape[0] - 1, int(num_sampling), costs), survival
 
     def drafting_pays(
         self,
