@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dspark.engine.drafter import DSparkDrafter
-from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.engine import EngineConfig, LLMEngine, _Batch
 from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
 from dspark.engine.request import Request
 from dspark.engine.sampling import SamplingParams
@@ -520,6 +520,40 @@ def test_a_batch_that_lost_requests_takes_their_shares_of_the_budget_planned_ahe
     assert off.stats.share_plans == 0
     # Fewer budgets planned in the step, or while the drafter ran.
     assert on.stats.drafting_plans < off.stats.drafting_plans
+
+
+def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
+    shaped, draft_model, monkeypatch
+):
+    """``LLMEngine._shared_budget`` by hand: each request's share capped at its drafts,
+    within the logits room; None for another step, another depth or a request the look-
+    ahead did not plan for."""
+    engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, shares=True)
+    engine._step_index = 5
+    engine._shares = (5, 3, {0: 3, 1: 2, 2: 0})
+    engine._priced_step = (3, 3, 3, 0)  # three requests, drafting 3 deep
+    batch = _Batch(
+        slots=np.array([2, 0, 1]),
+        decode_index=np.arange(3),
+        non_draft=np.ones(3, dtype=np.int64),
+        num_sampling=3,
+        context=0,
+        slot_list=[2, 0, 1],
+        decode_list=[0, 1, 2],
+        num_tokens=3,
+    )
+    assert engine._shared_budget(batch, [3, 1, 3]) == 0 + 1 + 2
+    engine.verifier.max_total_logits = 3 + 2  # two drafts beside the three bonus tokens
+    assert engine._shared_budget(batch, [3, 3, 3]) == 2
+    engine.verifier.max_total_logits = 1000
+    engine._priced_step = (3, 3, 2, 0)  # drafting 2 deep, planned for 3
+    assert engine._shared_budget(batch, [2, 2, 2]) is None
+    engine._priced_step = (3, 3, 3, 0)
+    engine._step_index = 6  # planned for the step before
+    assert engine._shared_budget(batch, [3, 3, 3]) is None
+    engine._step_index = 5
+    batch.slot_list = [2, 0, 3]  # slot 3 was not planned for
+    assert engine._shared_budget(batch, [3, 3, 3]) is None
 
 
 class TimedDepthCost(DepthCost):

@@ -702,7 +702,11 @@ class LLMEngine:
             if share is None:
                 return None
             budget += min(share, count)
-        return budget
+        # Within what the logits buffer leaves room for (a prompt chunk that joined adds a
+        # sampling request), as any plan is (``draft_cap``).
+        verifier = self.verifier
+        room = verifier.max_total_logits - len(slot_list) * verifier.num_bonus_tokens
+        return max(0, min(budget, room))
 
     def _plan_budget(self, batch: _Batch, num_drafts: np.ndarray) -> int:
         """The step's budget before its round is recorded, from what that record turns
