@@ -384,6 +384,10 @@ def test_drafting_decisions_taken_ahead_are_the_ones_taken_in_step(
     assert 10 <= on.stats.lookahead_plans <= on.stats.lookahead_hits
     assert off.stats.lookahead_plans == off.stats.drafting_plans == 0
     assert [r[1:] for r in on.round_log] == [r[1:] for r in off.round_log]
+    # Both corrected their plans by the same outcomes (``calibrate_survival``), learnt one
+    # step late either way, and the correction was in force.
+    assert np.array_equal(on.verifier.calibration, off.verifier.calibration)
+    assert not np.allclose(on.verifier.calibration, 1.0, atol=0.01)
     assert [r.output_ids for r in on_requests] == [r.output_ids for r in off_requests]
     assert len(set(on_depths)) > 2  # the decision varied, so agreeing is no coincidence
     # Undrafted steps too: with the look-ahead their ``relax`` waits for the forward, and

@@ -3,6 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dspark.scheduling.verifier as verifier_module
 from dspark.scheduling import AdaptiveVerifier, allocate_drafts, choose_draft_budget
 
 
@@ -127,6 +128,48 @@ def test_shares_of_a_budget_planned_ahead_by_hand():
     verifier.record(np.array([2, 0]), np.array([[0.9, 0.9, 0.9], [0.1, 0.1, 0.1]]))
     budget, shares = verifier.plan_shares(np.array([2, 0]), np.array([3, 3]), np.ones(2), 2)
     assert budget == 3 and shares.tolist() == [3, 0]
+
+
+def test_outcomes_give_realised_over_predicted_survival_by_hand(monkeypatch):
+    """Two verified rounds, one pseudo-slot of prior, no decay: survival [0.5, 0.25,
+    0.125] verified 3 deep, 1 accepted; [1, 0.5, 0.25] verified 2 deep, both accepted."""
+    monkeypatch.setattr(verifier_module, "CALIBRATION_PRIOR", 1.0)
+    monkeypatch.setattr(verifier_module, "CALIBRATION_DECAY", 1.0)
+    verifier = make()
+    assert verifier.calibration.tolist() == [1.0, 1.0, 1.0]
+    verifier.record_outcomes(
+        np.array([[0.5, 0.5, 0.5], [1.0, 0.5, 0.5]]), np.array([3, 2]), np.array([1, 2])
+    )
+    # predicted 1 + [1.5, 0.75, 0.125], realised 1 + [2, 1, 0]
+    np.testing.assert_allclose(verifier.calibration, [3 / 2.5, 2 / 1.75, 1 / 1.125])
+    with pytest.raises(ValueError, match="accepted at most admitted"):
+        verifier.record_outcomes(np.full((1, 3), 0.5), np.array([1]), np.array([2]))
+    with pytest.raises(ValueError, match="K=3"):
+        verifier.record_outcomes(np.full((1, 2), 0.5), np.array([1]), np.array([1]))
+
+
+def test_a_calibrated_plan_prices_the_corrected_survival():
+    """Drafts whose third position never survives: the plan's budget becomes that of the
+    survival scaled by ``calibration`` (kept non-increasing and at most 1), and drops the
+    third draft (0.25 ms a token on a 1 ms step: 0.729 paid for it, its realised share
+    does not)."""
+    verifier = make(cost=LinearCost(1.0, 0.25))
+    verifier.add_request(0)
+    slots, drafts, non_draft = np.array([0]), np.array([3]), np.array([1])
+    for _ in range(2):
+        verifier.record(slots, np.full((1, 3), 0.9))
+    assert verifier.plan(slots, drafts, non_draft, 1) == 3
+    for _ in range(300):
+        verifier.record_outcomes(np.full((1, 3), 0.9), np.array([3]), np.array([2]))
+    calibration = verifier.calibration
+    assert calibration[2] < 0.5 and calibration[0] > 1.0
+    survival = np.minimum(np.minimum.accumulate(np.cumprod([0.9] * 3) * calibration), 1.0)
+    corrected = survival / np.r_[1.0, survival[:-1]]
+    budget = verifier.plan(slots, drafts, non_draft, 1)
+    assert budget == 2
+    assert budget == choose_draft_budget(
+        corrected[None], drafts, non_draft, 1, verifier.cost_model, 1000
+    )
 
 
 def test_stale_is_per_slot_and_skipped_steps_keep_the_last_record():

@@ -105,6 +105,12 @@ class EngineConfig:
     # drafter runs, which a launch-bound target does not hide). False: plan such a step's
     # budget itself, so every budget is the one the step would plan.
     lookahead_shares: bool = True
+    # Adaptive: correct the survival every plan prices by how verified drafts fared
+    # against their confidences, per position (``AdaptiveVerifier.record_outcomes``).
+    # A step's outcomes are learnt one step late (during the next forward with the
+    # look-ahead, at the end of the next step without), so that a plan taken ahead and
+    # one taken in the step read the same state.
+    calibrate_survival: bool = True
     # CPU: products of 2-64 rows (a verify step's K + 1 per request) run as whichever of
     # F.linear and weight @ x.T measured faster on this machine at start-up, over the
     # target's own weights (the drafter's shapes that match them follow; its others keep
@@ -318,6 +324,11 @@ class LLMEngine:
         # Adaptive: each request's share of the budget planned ahead (step it is for,
         # depth, {slot: admitted drafts}; ``EngineConfig.lookahead_shares``).
         self._shares: tuple[int, int, dict[int, int]] | None = None
+        # Adaptive, ``calibrate_survival``: this step's decoding requests' confidences (as
+        # the allocation saw them), and the last step's verified outcome waiting to be
+        # learnt (confidences, admitted, accepted).
+        self._round_rows: np.ndarray | None = None
+        self._outcome: tuple[np.ndarray, list[int], list[int]] | None = None
         # Adaptive: a round whose recording waits for the forward (slots, confidences).
         self._unrecorded: tuple[np.ndarray, np.ndarray] | None = None
         # With the look-ahead: this step's proposal time for ``ObservedDraftCost.record``
@@ -474,6 +485,7 @@ class LLMEngine:
         self._held_back = False
         self._unrecorded = None  # recorded in every forward; left only by a failed step
         self._unrecorded_draft = None
+        self._round_rows = None
         drafts, draft_probs = self._draft(chunks)
         self.stats.draft_phase_ms.append((time.perf_counter() - phase) * 1e3)
         tokens, num_cached, num_query = [], [], []
@@ -842,6 +854,9 @@ class LLMEngine:
         if self._unrecorded is not None:  # the round this step drafted, recorded late
             self.verifier.record(*self._unrecorded)
             self._unrecorded = None
+        if self._outcome is not None:  # how the last step's drafts fared
+            self.verifier.record_outcomes(*self._outcome)
+            self._outcome = None
         k = self.config.num_drafts
         # The requests that decode next step unless they finish: this step's decodes and
         # the prompts whose last chunk runs now (they sample their first token). When
@@ -921,6 +936,7 @@ class LLMEngine:
         counts = [len(drafts[i]) for i in decoding]  # drafts per decoding request
         total = sum(counts)
         rows = np.asarray(confidences)[:, :k]
+        self._round_rows = rows
         planned, self._planned = self._planned, None
         ahead = planned is not None and planned[0] == self._step_index
         if ahead:  # the drafts the plan assumed (none for requests not decoding)?
@@ -1068,11 +1084,25 @@ class LLMEngine:
             touched.append(request)
         if any(admitted):  # an undrafted step tried no position: nothing to learn
             self.acceptance.update(np.array(admitted), np.array(accepted))
+        if self.verifier is not None and self.config.calibrate_survival:
+            self._learn_outcome(admitted, accepted)
         if features is not None:
             phase = time.perf_counter()
             self._observe(kept, features)
             self.stats.observe_ms.append((time.perf_counter() - phase) * 1e3)
         return touched
+
+    def _learn_outcome(self, admitted: list[int], accepted: list[int]) -> None:
+        """Hand the verifier this step's verified outcome one step late (see
+        ``EngineConfig.calibrate_survival``): with the look-ahead the next look-ahead
+        learns it, without it the next step's end, after that step planned."""
+        rows = self._round_rows
+        outcome = None
+        if rows is not None and any(admitted) and rows.shape[0] == len(admitted):
+            outcome = (rows, admitted, accepted)
+        if not self.lookahead and self._outcome is not None:
+            self.verifier.record_outcomes(*self._outcome)
+        self._outcome = outcome
 
     def _observe(self, kept: list[tuple[Request, int, int, int]], features: torch.Tensor) -> None:
         """Hand the drafter the target features of the positions each request kept; on a
