@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import dspark.scheduling.verifier as verifier_module
 from dspark.engine.drafter import DSparkDrafter
 from dspark.engine.engine import EngineConfig, LLMEngine, _Batch
 from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
@@ -329,6 +330,7 @@ def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=
             lookahead=lookahead,
             lookahead_reuse=reuse,
             lookahead_shares=shares,
+            calibrate_survival=True,
         ),
         drafter=ReplayDrafter(inner, AcceptanceTrace.load(), seed=1),
         cost_model=cost or DepthCost(),
@@ -369,6 +371,7 @@ def test_drafting_decisions_taken_ahead_are_the_ones_taken_in_step(
     """``EngineConfig.lookahead``: the next step's drafting depth, decided during this
     step's forward, is used only for the same decoding batch, and then it is the decision
     the step itself would take (a fixed cost model, nothing learnt in between)."""
+    monkeypatch.setattr(verifier_module, "CALIBRATION_PRIOR", 4.0)  # outcomes weigh soon
     off, off_requests, off_depths = _adaptive_run(shaped, draft_model, "off", monkeypatch)
     on, on_requests, on_depths = _adaptive_run(shaped, draft_model, "on", monkeypatch)
     assert on_depths == off_depths  # step by step

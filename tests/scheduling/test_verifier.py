@@ -148,11 +148,12 @@ def test_outcomes_give_realised_over_predicted_survival_by_hand(monkeypatch):
         verifier.record_outcomes(np.full((1, 2), 0.5), np.array([1]), np.array([1]))
 
 
-def test_a_calibrated_plan_prices_the_corrected_survival():
+def test_a_calibrated_plan_prices_the_corrected_survival(monkeypatch):
     """Drafts whose third position never survives: the plan's budget becomes that of the
     survival scaled by ``calibration`` (kept non-increasing and at most 1), and drops the
     third draft (0.25 ms a token on a 1 ms step: 0.729 paid for it, its realised share
     does not)."""
+    monkeypatch.setattr(verifier_module, "CALIBRATION_PRIOR", 16.0)
     verifier = make(cost=LinearCost(1.0, 0.25))
     verifier.add_request(0)
     slots, drafts, non_draft = np.array([0]), np.array([3]), np.array([1])

@@ -109,8 +109,9 @@ class EngineConfig:
     # against their confidences, per position (``AdaptiveVerifier.record_outcomes``).
     # A step's outcomes are learnt one step late (during the next forward with the
     # look-ahead, at the end of the next step without), so that a plan taken ahead and
-    # one taken in the step read the same state.
-    calibrate_survival: bool = True
+    # one taken in the step read the same state. Off by default: not yet shown to pay
+    # end to end (README, H200 section, session 23).
+    calibrate_survival: bool = False
     # CPU: products of 2-64 rows (a verify step's K + 1 per request) run as whichever of
     # F.linear and weight @ x.T measured faster on this machine at start-up, over the
     # target's own weights (the drafter's shapes that match them follow; its others keep
