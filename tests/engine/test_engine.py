@@ -429,7 +429,7 @@ def test_held_back_upkeep_leaves_the_step_that_runs_it_and_prices_the_undrafted_
     from dspark.engine.drafter import DSparkDrafter
     from tests.models.test_drafter import random_drafter
 
-    pause = 0.2  # far longer than a step of the tiny model
+    pause = 0.5  # far longer than a step of the tiny model, even in a slow phase of a VM
     target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
     engine = LLMEngine(
         target,
