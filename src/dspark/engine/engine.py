@@ -317,11 +317,12 @@ class LLMEngine:
         # Adaptive: (step it is for, slots, depth, probe depth, budget or None, the slots
         # as a list) decided ahead (the budget only when the next batch can be the same
         # decodes with a full K each), and a budget planned early for the step under way:
-        # (step, drafts per request it assumed (a depth for every request, or a
-        # [num_reqs] array), budget, whether the look-ahead planned it (else
-        # ``_plan_while_drafting``)).
+        # (step, drafts per request it assumed (a depth for every request, a [num_reqs]
+        # array, or a list in decoding order), budget, where it came from: "ahead" (the
+        # look-ahead), "drafting" (``_plan_while_drafting``) or "shares"
+        # (``_shared_budget``)).
         self._ahead: tuple[int, np.ndarray, int, int, int | None, list[int]] | None = None
-        self._planned: tuple[int, int | np.ndarray, int, bool] | None = None
+        self._planned: tuple[int, int | np.ndarray | list[int], int, str] | None = None
         # Adaptive: each request's share of the budget planned ahead (step it is for,
         # depth, {slot: admitted drafts}; ``EngineConfig.lookahead_shares``).
         self._shares: tuple[int, int, dict[int, int]] | None = None
@@ -682,8 +683,12 @@ class LLMEngine:
             not self.lookahead
             or not getattr(self.drafter, "runs_host_work_while_drafting", False)
             or (planned is not None and planned[0] == self._step_index)
-            or self._shared_budget(batch, limits.tolist()) is not None
         ):
+            return None
+        limit_list = limits.tolist()
+        shared = self._shared_budget(batch, limit_list)
+        if shared is not None:  # the look-ahead's shares cover this batch: nothing to plan
+            self._planned = (self._step_index, limit_list, shared, "shares")
             return None
         num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
         num_drafts[batch.decode_index] = limits
@@ -691,7 +696,7 @@ class LLMEngine:
 
         def plan() -> None:
             start = time.perf_counter()
-            self._planned = (step, num_drafts, self._plan_budget(batch, num_drafts), False)
+            self._planned = (step, num_drafts, self._plan_budget(batch, num_drafts), "drafting")
             self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
 
         return plan
@@ -790,7 +795,7 @@ class LLMEngine:
             depth, self.verifier.probe_depth = ahead[2], ahead[3]
             self.stats.lookahead_hits += 1
             if depth:
-                self._planned = (self._step_index, depth, ahead[4], True)
+                self._planned = (self._step_index, depth, ahead[4], "ahead")
         elif ahead is not None and self._reuses(ahead[1], batch.slots[batch.decode_index]):
             depth, self.verifier.probe_depth = ahead[2], ahead[3]
             self.stats.lookahead_reused += 1
@@ -942,7 +947,9 @@ class LLMEngine:
         ahead = planned is not None and planned[0] == self._step_index
         if ahead:  # the drafts the plan assumed (none for requests not decoding)?
             assumed = planned[1]
-            if isinstance(assumed, np.ndarray):
+            if isinstance(assumed, list):  # drafts per decoding request
+                ahead = assumed == counts
+            elif isinstance(assumed, np.ndarray):
                 ahead = assumed[decode_index].tolist() == counts and (int(assumed.sum()) == total)
             else:  # one depth for every request of the batch
                 ahead = len(counts) == len(batch.slot_list) and all(
@@ -950,12 +957,14 @@ class LLMEngine:
                 )
         if ahead:
             # Planned during the last forward or while the drafter ran, from the rounds
-            # recorded then, which this round turns stale.
-            budget = planned[2]
-            if planned[3]:
+            # recorded then, which this round turns stale (or those rounds' shares).
+            budget, source = planned[2], planned[3]
+            if source == "ahead":
                 self.stats.lookahead_plans += 1
-            else:
+            elif source == "drafting":
                 self.stats.drafting_plans += 1
+            else:
+                self.stats.share_plans += 1
         else:
             budget = self._shared_budget(batch, counts)
             if budget is None:
@@ -1098,9 +1107,7 @@ class LLMEngine:
         ``EngineConfig.calibrate_survival``): with the look-ahead the next look-ahead
         learns it, without it the next step's end, after that step planned."""
         rows = self._round_rows
-        outcome = None
-        if rows is not None and any(admitted) and rows.shape[0] == len(admitted):
-            outcome = (rows, admitted, accepted)
+        outcome = (rows, admitted, accepted) if rows is not None and any(admitted) else None
         if not self.lookahead and self._outcome is not None:
             self.verifier.record_outcomes(*self._outcome)
         self._outcome = outcome
