@@ -251,7 +251,7 @@ class AdaptiveVerifier:
         ``calibration``, scales the survival every plan prices (``plan``,
         ``plan_shares``, ``drafting_pays``). A calibrated drafter leaves it near 1. The
         shipped SmolLM2 drafter's confidences run high, most at the fifth position: over
-        2,613 rounds it drafted on an H200 (``docs/results/sim/c1_policy/``), the mean
+        2,613 rounds it drafted on an H200 (``scripts/calibration_noise.py``), the mean
         survival at positions 1-7 was 0.485, 0.248, 0.140, 0.076, 0.062, 0.034, 0.020
         and the share that survived 0.455, 0.221, 0.131, 0.070, 0.043, 0.031, 0.020;
         uncorrected, deep positions are priced above what they return and near-ties
