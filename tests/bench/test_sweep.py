@@ -235,3 +235,51 @@ def test_a_failing_run_leaves_the_heap_unfrozen_and_stops_counting(tiny):
     with pytest.raises(RuntimeError, match="device lost"):
         measure(engine, Setting("none", 0), [[1, 2, 3]] * 3, params, 2)
     assert gc.get_freeze_count() == 0 and gc.callbacks == callbacks
+
+
+def test_a_calibrated_variant_is_compared_with_the_plain_adaptive_of_its_repeats():
+    plain, calibrated = Setting("adaptive", 7), Setting("adaptive", 7, calibrated=True)
+    assert (plain.label, calibrated.label) == ("adaptive≤7", "adaptive≤7 cal")
+    rows = [
+        {
+            "concurrency": 16,
+            "spec": "fixed",
+            "label": "K=3",
+            "tok_s": 100.0,
+            "tok_s_runs": [100.0, 90.0, 110.0],
+        },
+        {
+            "concurrency": 16,
+            "spec": "adaptive",
+            "label": plain.label,
+            "tok_s": 95.0,
+            "tok_s_runs": [95.0, 99.0, 100.0],
+        },
+        {
+            "concurrency": 16,
+            "spec": "adaptive",
+            "label": calibrated.label,
+            "tok_s": 104.5,
+            "tok_s_runs": [104.5, 90.0, 120.0],
+        },
+    ]
+    first, second = compare(rows)
+    assert first.startswith("concurrency 16: adaptive 95.0 tok/s, 0.950x best fixed (K=3)")
+    assert "adaptive≤7 [" not in first  # the plain variant is not compared with itself
+    # paired calibrated / plain: 1.1, 0.909, 1.2 -> median 1.100
+    assert second.startswith("concurrency 16: adaptive cal 104.5 tok/s, 1.045x best fixed")
+    assert second.endswith("1.100x adaptive≤7 [paired over 3 repeats: median 1.100, 0.909-1.200]")
+
+
+def test_the_calibrated_setting_reaches_the_engine(tiny, tmp_path):
+    import argparse
+
+    from dspark.bench.sweep import add_cli_args, engine_for
+
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args(["--device", "cpu", "--drafter", "ngram", "--out", str(tmp_path)])
+    assert args.calibrate_survival == "off"
+    on = engine_for(tiny, Setting("adaptive", 3, calibrated=True), 2, args)
+    off = engine_for(tiny, Setting("adaptive", 3), 2, args)
+    assert on.config.calibrate_survival and not off.config.calibrate_survival

@@ -57,12 +57,13 @@ from dspark.models.shapes import SHAPES, random_model
 class Setting:
     spec: str  # none | fixed | adaptive
     k: int  # fixed: the K; adaptive: the most drafts per request
+    calibrated: bool = False  # adaptive: EngineConfig.calibrate_survival
 
     @property
     def label(self) -> str:
-        return {"none": "no spec", "fixed": f"K={self.k}", "adaptive": f"adaptive≤{self.k}"}[
-            self.spec
-        ]
+        if self.spec == "adaptive":
+            return f"adaptive≤{self.k}" + (" cal" if self.calibrated else "")
+        return {"none": "no spec", "fixed": f"K={self.k}"}[self.spec]
 
 
 @dataclass
@@ -234,6 +235,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=7, help="adaptive: the most drafts per request")
     parser.add_argument("--no-baseline", action="store_true", help="skip no speculation")
     parser.add_argument("--no-adaptive", action="store_true")
+    parser.add_argument(
+        "--calibrate-survival",
+        choices=["off", "on", "both"],
+        default="off",
+        help="adaptive: correct the planned survival by verified outcomes "
+        "(EngineConfig.calibrate_survival); 'both' runs adaptive with and without it, "
+        "interleaved in the same repeats (an in-run A/B)",
+    )
     parser.add_argument("--drafter", default="auto", help="auto | dspark | ngram | DIR")
     parser.add_argument("--requests-per-user", type=int, default=2)
     parser.add_argument(
@@ -325,6 +334,7 @@ def engine_for(
             out / "profiles" / f"profile-{name}-c{concurrency}-k{k}-{args.device}.json"
         ),
         graph_padding_budget=args.graph_padding_budget,
+        calibrate_survival=setting.calibrated,
     )
     drafter = None
     if replay is not None and setting.spec != "none":
@@ -365,7 +375,8 @@ def main(args: argparse.Namespace) -> None:
     settings = [] if args.no_baseline else [Setting("none", 0)]
     settings += [Setting("fixed", k) for k in args.fixed]
     if not args.no_adaptive:
-        settings.append(Setting("adaptive", args.k))
+        variants = {"off": [False], "on": [True], "both": [False, True]}
+        settings += [Setting("adaptive", args.k, c) for c in variants[args.calibrate_survival]]
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[str, int], list[Measurement]] = {}
@@ -520,28 +531,34 @@ def report(
 
 
 def compare(rows: list[dict]) -> list[str]:
-    """Per level: adaptive against the best fixed K and against no speculation."""
+    """Per level: adaptive against the best fixed K and against no speculation (each
+    adaptive variant in turn, then a calibrated variant against the plain one)."""
     lines = []
     for concurrency in sorted({r["concurrency"] for r in rows}):
         level = [r for r in rows if r["concurrency"] == concurrency]
-        adaptive = next((r for r in level if r["spec"] == "adaptive"), None)
+        variants = [r for r in level if r["spec"] == "adaptive"]
         fixed = [r for r in level if r["spec"] == "fixed"]
         baseline = next((r for r in level if r["spec"] == "none"), None)
-        if adaptive is None:
-            continue
-        parts = [f"concurrency {concurrency}: adaptive {adaptive['tok_s']:.1f} tok/s"]
-        if fixed:
-            best = max(fixed, key=lambda r: r["tok_s"])
-            parts.append(
-                f"{adaptive['tok_s'] / best['tok_s']:.3f}x best fixed ({best['label']})"
-                + paired_ratios(adaptive, best)
-            )
-        if baseline:
-            parts.append(
-                f"{adaptive['tok_s'] / baseline['tok_s']:.3f}x no spec"
-                + paired_ratios(adaptive, baseline)
-            )
-        lines.append(", ".join(parts))
+        for adaptive in variants:
+            name = "adaptive" + (" cal" if adaptive["label"].endswith(" cal") else "")
+            parts = [f"concurrency {concurrency}: {name} {adaptive['tok_s']:.1f} tok/s"]
+            if fixed:
+                best = max(fixed, key=lambda r: r["tok_s"])
+                parts.append(
+                    f"{adaptive['tok_s'] / best['tok_s']:.3f}x best fixed ({best['label']})"
+                    + paired_ratios(adaptive, best)
+                )
+            if baseline:
+                parts.append(
+                    f"{adaptive['tok_s'] / baseline['tok_s']:.3f}x no spec"
+                    + paired_ratios(adaptive, baseline)
+                )
+            if adaptive is not variants[0]:
+                parts.append(
+                    f"{adaptive['tok_s'] / variants[0]['tok_s']:.3f}x {variants[0]['label']}"
+                    + paired_ratios(adaptive, variants[0])
+                )
+            lines.append(", ".join(parts))
     return lines
 
 
