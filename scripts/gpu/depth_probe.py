@@ -44,8 +44,14 @@ class Args(step_trace.Args):  # what engine_for and bench_prompts read
 
 
 def expected_by_position(verifier, slots: np.ndarray) -> np.ndarray:
-    """``[K]``: the survival the verifier plans the slots' coming round with, summed."""
-    return verifier.predicted_survival(slots).sum(axis=0)
+    """``[K]``: the survival the verifier plans the slots' coming round with, summed (with
+    ``CAL=on``, corrected by the outcomes it learnt, as ``drafting_pays`` prices it)."""
+    survival = verifier.predicted_survival(slots)
+    if os.environ.get("CAL") == "on":
+        survival *= verifier.calibration
+        np.minimum.accumulate(survival, axis=1, out=survival)
+        np.minimum(survival, 1.0, out=survival)
+    return survival.sum(axis=0)
 
 
 def latest(values, mark: int) -> float:
@@ -179,9 +185,11 @@ def main() -> None:
     prompts = bench_prompts(None, Args, 2 * count)
     params = SamplingParams(temperature=0.0, max_tokens=Args.max_tokens)
     rng = np.random.default_rng(0)
+    calibrated = os.environ.get("CAL") == "on"  # EngineConfig.calibrate_survival
+    adaptive = Setting("adaptive", 7, calibrated=calibrated)
     runs = {
-        "random": ("random depth " + ",".join(map(str, depths)), Setting("adaptive", 7), depths),
-        "own": ("engine's own depth", Setting("adaptive", 7), None),
+        "random": ("random depth " + ",".join(map(str, depths)), adaptive, depths),
+        "own": ("engine's own depth", adaptive, None),
         "fixed": ("fixed K = 3", Setting("fixed", 3), None),
     }
     chosen = [runs[name] for name in os.environ.get("RUNS", "random,own,fixed").split(",")]
@@ -206,6 +214,16 @@ def main() -> None:
             print(
                 "  drafter price by depth at the end (ms):",
                 np.round(by_depth(concurrency, 7), 3).tolist(),
+            )
+            verify = model.step_costs_ms(concurrency, concurrency, 7 * concurrency)
+            print(
+                f"  target step price at 0, {concurrency}, ... {7 * concurrency} drafts (ms):",
+                np.round(verify[::concurrency], 3).tolist(),
+            )
+        if engine.verifier is not None and calibrated:
+            print(
+                "  survival calibration by position at the end:",
+                np.round(engine.verifier.calibration, 3).tolist(),
             )
         # Drop the wrappers (they close over the engine) so that the engine is freed
         # now: dead engines left to the cycle collector slow every later gen-2 pass.
