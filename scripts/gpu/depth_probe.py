@@ -186,7 +186,9 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=Args.max_tokens)
     rng = np.random.default_rng(0)
     calibrated = os.environ.get("CAL") == "on"  # EngineConfig.calibrate_survival
-    adaptive = Setting("adaptive", 7, calibrated=calibrated)
+    margin = float(os.environ.get("MARGIN", "0"))  # EngineConfig.depth_margin
+    overrides = (("calibrate_survival", calibrated), ("depth_margin", margin))
+    adaptive = Setting("adaptive", 7, "", overrides)
     runs = {
         "random": ("random depth " + ",".join(map(str, depths)), adaptive, depths),
         "own": ("engine's own depth", adaptive, None),

@@ -1,8 +1,9 @@
 # Session 20 GPU calls, after the four stage_piece.sh calls (q1..q4, the GGUF parked).
 # Carry: .gpu/wheels .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256
 #   bash scripts/gpu/session20.sh bench   K = 3 against adaptive at CONC (16), 48 requests,
-#                                         (CAL=both: adaptive with and without the survival
-#                                         calibration, CAL=on: with it; TAIL: lines kept)
+#                                         (VARIANTS="--variant cal:calibrate_survival=on":
+#                                         more adaptive settings, see dspark bench --help;
+#                                         TAIL: lines kept)
 #                                         REPEATS (9) interleaved repeats, the heap frozen
 #                                         for each measured run (FREEZE=no: not frozen);
 #                                         every run's full collections are reported
@@ -20,7 +21,7 @@ if [ "$1" = b8 ]; then  # no weights to stage: random ones
     --dtype bfloat16 --prompts .gpu/prompts.npz --max-tokens 128 --trace published:chat \
     --full-warmup --repeats ${REPEATS:-3} --concurrency ${CONC:-4 1} --fixed ${FIXED:-6} \
     --min-requests ${MINREQ:-24} \
-    --no-baseline --calibrate-survival ${CAL:-off} --out "$OUT/b8" 2>&1 \
+    --no-baseline $VARIANTS --out "$OUT/b8" 2>&1 \
     | grep -v "it/s\]\|s/it\]" | tail -${TAIL:-12}
   rm -rf "$OUT/b8/profiles"
   exit 0
@@ -38,7 +39,7 @@ case "$1" in
     timeout ${LIMIT:-400} python3 -m dspark.cli bench --model $G --device cuda --dtype bfloat16 \
       --prompts .gpu/prompts.npz --drafter dspark --fixed 3 --max-tokens 128 --full-warmup \
       --no-baseline --concurrency $CONC --min-requests 48 --repeats ${REPEATS:-9} $flag \
-      --calibrate-survival ${CAL:-off} --out "$OUT/$tag" 2>&1 | grep -v "it/s\]\|s/it\]" \
+      $VARIANTS --out "$OUT/$tag" 2>&1 | grep -v "it/s\]\|s/it\]" \
       | tail -${TAIL:-14}
     rm -rf "$OUT/$tag/profiles"
     python3 - "$OUT/$tag/bench.json" <<'PY'

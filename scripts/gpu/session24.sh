@@ -25,7 +25,7 @@ for mode in "$@"; do
       timeout ${LIMIT8:-300} python3 -m dspark.cli bench --shape llama3-8b --device cuda \
         --dtype bfloat16 --prompts .gpu/prompts.npz --max-tokens 128 --trace published:chat \
         --full-warmup --repeats ${REPEATS8:-3} --concurrency 16 64 --fixed 4 7 \
-        --min-requests 48 --no-baseline --calibrate-survival both --out "$OUT/b8cal" 2>&1 \
+        --min-requests 48 --no-baseline ${VARIANTS8:---variant cal:calibrate_survival=on} --out "$OUT/b8cal" 2>&1 \
         | grep -v "it/s\]\|s/it\]" | tail -16
       rm -rf "$OUT/b8cal/profiles" "$OUT/b8cal/bench.partial.json"
       ;;

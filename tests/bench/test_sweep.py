@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark.bench.sweep import Setting, closed_loop, compare, job_order, measure
+from dspark.bench.sweep import (
+    Setting,
+    closed_loop,
+    compare,
+    job_order,
+    measure,
+    parse_variant,
+)
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.engine.sampling import SamplingParams
 
@@ -237,8 +244,9 @@ def test_a_failing_run_leaves_the_heap_unfrozen_and_stops_counting(tiny):
     assert gc.get_freeze_count() == 0 and gc.callbacks == callbacks
 
 
-def test_a_calibrated_variant_is_compared_with_the_plain_adaptive_of_its_repeats():
-    plain, calibrated = Setting("adaptive", 7), Setting("adaptive", 7, calibrated=True)
+def test_a_variant_is_compared_with_the_plain_adaptive_of_its_repeats():
+    plain = Setting("adaptive", 7)
+    calibrated = parse_variant("cal:calibrate_survival=on", 7)
     assert (plain.label, calibrated.label) == ("adaptive≤7", "adaptive≤7 cal")
     rows = [
         {
@@ -266,12 +274,34 @@ def test_a_calibrated_variant_is_compared_with_the_plain_adaptive_of_its_repeats
     first, second = compare(rows)
     assert first.startswith("concurrency 16: adaptive 95.0 tok/s, 0.950x best fixed (K=3)")
     assert "adaptive≤7 [" not in first  # the plain variant is not compared with itself
-    # paired calibrated / plain: 1.1, 0.909, 1.2 -> median 1.100
+    # paired variant / plain: 1.1, 0.909, 1.2 -> median 1.100
     assert second.startswith("concurrency 16: adaptive cal 104.5 tok/s, 1.045x best fixed")
     assert second.endswith("1.100x adaptive≤7 [paired over 3 repeats: median 1.100, 0.909-1.200]")
 
 
-def test_the_calibrated_setting_reaches_the_engine(tiny, tmp_path):
+def test_variants_parse_into_engine_config_fields_of_their_types():
+    setting = parse_variant("m2:depth_margin=0.02, calibrate_survival=off", 5)
+    assert setting == Setting(
+        "adaptive", 5, "m2", (("depth_margin", 0.02), ("calibrate_survival", False))
+    )
+    assert parse_variant("r:lookahead_reuse=none", 7).overrides == (("lookahead_reuse", None),)
+    assert parse_variant("g:graph_padding_budget=0", 7).overrides == (
+        ("graph_padding_budget", 0.0),
+    )
+    assert parse_variant("a:allocation=device", 7).overrides == (("allocation", "device"),)
+    for bad, named in [
+        ("nocolon", "TAG:FIELD=VALUE"),
+        (":depth_margin=0.1", "TAG:FIELD=VALUE"),
+        ("x:depth_margn=0.1", "'depth_margn=0.1'"),
+        ("x:num_drafts=3", "other than spec"),
+        ("x:calibrate_survival=maybe", "takes on or off"),
+        ("x:depth_margin=big", "takes a number"),
+    ]:
+        with pytest.raises(ValueError, match=named):
+            parse_variant(bad, 7)
+
+
+def test_a_variant_reaches_the_engine(tiny, tmp_path):
     import argparse
 
     from dspark.bench.sweep import add_cli_args, engine_for
@@ -279,7 +309,9 @@ def test_the_calibrated_setting_reaches_the_engine(tiny, tmp_path):
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
     args = parser.parse_args(["--device", "cpu", "--drafter", "ngram", "--out", str(tmp_path)])
-    assert args.calibrate_survival == "off"
-    on = engine_for(tiny, Setting("adaptive", 3, calibrated=True), 2, args)
+    assert args.variant == []
+    variant = parse_variant("v:calibrate_survival=on,depth_margin=0.05", 3)
+    on = engine_for(tiny, variant, 2, args)
     off = engine_for(tiny, Setting("adaptive", 3), 2, args)
     assert on.config.calibrate_survival and not off.config.calibrate_survival
+    assert on.verifier.depth_margin == 0.05 and off.verifier.depth_margin == 0.0

@@ -453,6 +453,70 @@ def test_drafting_depth_is_the_best_depth_and_budget_by_brute_force(data):
         assert mine >= best * (1 - 1e-9)
 
 
+def test_a_depth_margin_keeps_the_shallowest_depth_near_the_best():
+    args = (np.array([0]), np.array([3]), np.array([1]), 1)
+    # Survival 0.9, 0.81, 0.729; the drafter costs d ms at depth d; verifying T tokens
+    # 10 + 0.5 T ms: depth 1 1.9 / 12 = 0.1583, depth 2 2.71 / 13.5 = 0.2007, depth 3
+    # 3.439 / 15 = 0.2293 tok/ms; no drafter 1 / 10.5 = 0.0952.
+    verifier = _depth_verifier([0, 1, 2, 3], [0.9] * 3, 0.5)
+    assert verifier.drafting_pays(*args) == 3
+    verifier.depth_margin = 0.10  # depth 2 is 12.5% short of depth 3: still 3
+    assert verifier.drafting_pays(*args) == 3
+    verifier.depth_margin = 0.15  # within 15%: the shallower wins
+    assert verifier.drafting_pays(*args) == 2
+    verifier.depth_margin = 0.35  # depth 1 is 31% short: within, and the shallowest
+    assert verifier.drafting_pays(*args) == 1
+    assert verifier.probe_depth == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_depth_margin_picks_the_shallowest_near_best_depth_that_beats_no_drafter(data):
+    from dspark.scheduling import CostTables
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    k = data.draw(st.integers(1, 4))
+    n = data.draw(st.integers(1, 4))
+    unit = st.floats(0.0, 1.0)
+    confidences = np.array(
+        data.draw(st.lists(st.lists(unit, min_size=k, max_size=k), min_size=n, max_size=n))
+    )
+    steps = data.draw(st.lists(st.floats(0.0, 5.0), min_size=k, max_size=k))
+    depth_ms = np.concatenate([[0.0], np.cumsum(steps)])
+    table = np.repeat(depth_ms[:, None], n + 1, axis=1)
+    verify = 5.0 + data.draw(st.floats(0.01, 3.0)) * np.arange(n * (k + 1) + 1.0)
+    tables = CostTables(draft_ms=table[k].copy(), verify_ms=verify)
+    verifier = AdaptiveVerifier(n, k, ObservedDraftCost(tables, depth_ms=table), 1000)
+    slots = np.arange(n)
+    for slot in slots:
+        verifier.add_request(int(slot))
+    verifier.record(slots, confidences)
+    args = (slots, np.full(n, k), np.ones(n, dtype=int), n)
+    plain = verifier.drafting_pays(*args)
+    margin = data.draw(st.floats(0.0, 0.5))
+    verifier.depth_margin = margin
+    chosen = verifier.drafting_pays(*args)
+
+    survival = np.cumprod(confidences, axis=1)
+    rates = [n / verify[n]]  # by depth, brute force
+    for depth in range(1, k + 1):
+        ranked = np.sort(survival[:, :depth].ravel())[::-1]
+        gains = n + np.concatenate([[0.0], np.cumsum(ranked)])
+        rates.append(max(gains[1:] / (depth_ms[depth] + verify[n + 1 : n + ranked.size + 1])))
+    rates = np.array(rates)
+    tol = 1e-9
+    if plain == 0:
+        assert chosen == 0  # the margin never makes a step draft
+        return
+    assert chosen >= 1 and chosen <= plain
+    assert rates[chosen] > rates[0] * (1 - tol)
+    assert rates[chosen] >= rates[plain] * (1 - margin) * (1 - tol)
+    # No shallower depth was both near the best and better than not drafting.
+    for depth in range(1, chosen):
+        near = rates[depth] >= rates[plain] * (1 - margin) * (1 + tol)
+        assert not (near and rates[depth] > rates[0] * (1 + tol))
+
+
 def test_probe_depth_is_the_best_drafted_plan_even_when_not_drafting_wins():
     args = (np.array([0]), np.array([3]), np.array([1]), 1)
     # A 30 ms drafter at every depth: 1.9 / 41, 2.71 / 41.5 and 3.439 / 42 tok/ms, all

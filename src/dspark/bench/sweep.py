@@ -35,7 +35,7 @@ import json
 import platform
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -57,13 +57,62 @@ from dspark.models.shapes import SHAPES, random_model
 class Setting:
     spec: str  # none | fixed | adaptive
     k: int  # fixed: the K; adaptive: the most drafts per request
-    calibrated: bool = False  # adaptive: EngineConfig.calibrate_survival
+    tag: str = ""  # a variant's name (``--variant``), shown after the label
+    # A variant's EngineConfig fields, as (name, value) pairs (``--variant``).
+    overrides: tuple[tuple[str, object], ...] = ()
 
     @property
     def label(self) -> str:
-        if self.spec == "adaptive":
-            return f"adaptive≤{self.k}" + (" cal" if self.calibrated else "")
-        return {"none": "no spec", "fixed": f"K={self.k}"}[self.spec]
+        base = {"none": "no spec", "fixed": f"K={self.k}", "adaptive": f"adaptive≤{self.k}"}
+        return base[self.spec] + (f" {self.tag}" if self.tag else "")
+
+
+def parse_variant(text: str, k: int) -> Setting:
+    """``--variant TAG:FIELD=VALUE[,FIELD=VALUE...]``: adaptive verification with those
+    ``EngineConfig`` fields changed, run as one more setting of every level (interleaved
+    with the others in the same repeats, so it can be compared pairwise)."""
+    tag, sep, assignments = text.partition(":")
+    tag = tag.strip()
+    if not sep or not tag or not assignments.strip() or " " in tag:
+        raise ValueError(
+            f"--variant must be TAG:FIELD=VALUE[,FIELD=VALUE...] with a tag without spaces, "
+            f"got {text!r}"
+        )
+    types = {f.name: f.type for f in fields(EngineConfig)}
+    overrides = []
+    for assignment in assignments.split(","):
+        name, sep, value = (part.strip() for part in assignment.partition("="))
+        if not sep or name not in types or name in ("spec", "num_drafts", "max_num_seqs"):
+            raise ValueError(
+                f"--variant {text!r}: {assignment.strip()!r} must set an EngineConfig field "
+                "other than spec, num_drafts and max_num_seqs (the bench sets those), e.g. "
+                "calibrate_survival=on"
+            )
+        overrides.append((name, _config_value(name, types[name], value)))
+    return Setting("adaptive", k, tag, tuple(overrides))
+
+
+def _config_value(name: str, kind, value: str) -> object:
+    """``value`` as the EngineConfig field ``name`` holds it (its annotation is a string
+    under postponed evaluation)."""
+    kind = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+    lowered = value.lower()
+    if kind == "bool":
+        if lowered in ("1", "true", "on", "yes"):
+            return True
+        if lowered in ("0", "false", "off", "no"):
+            return False
+        raise ValueError(f"--variant: {name} takes on or off, got {value!r}")
+    if lowered == "none" and "None" in kind:
+        return None
+    try:
+        if kind.startswith("int"):
+            return int(value)
+        if kind.startswith("float"):
+            return float(value)
+    except ValueError:
+        raise ValueError(f"--variant: {name} takes a number ({kind}), got {value!r}") from None
+    return value
 
 
 @dataclass
@@ -236,12 +285,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-baseline", action="store_true", help="skip no speculation")
     parser.add_argument("--no-adaptive", action="store_true")
     parser.add_argument(
-        "--calibrate-survival",
-        choices=["off", "on", "both"],
-        default="off",
-        help="adaptive: correct the planned survival by verified outcomes "
-        "(EngineConfig.calibrate_survival); 'both' runs adaptive with and without it, "
-        "interleaved in the same repeats (an in-run A/B)",
+        "--variant",
+        action="append",
+        default=[],
+        metavar="TAG:FIELD=VALUE[,FIELD=VALUE]",
+        help="also run adaptive with these EngineConfig fields changed, as a setting "
+        "labelled 'adaptive≤K TAG' in the same interleaved repeats, compared with plain "
+        "adaptive pairwise (an in-run A/B; e.g. cal:calibrate_survival=on or "
+        "m2:depth_margin=0.02); repeatable",
     )
     parser.add_argument("--drafter", default="auto", help="auto | dspark | ngram | DIR")
     parser.add_argument("--requests-per-user", type=int, default=2)
@@ -334,7 +385,7 @@ def engine_for(
             out / "profiles" / f"profile-{name}-c{concurrency}-k{k}-{args.device}.json"
         ),
         graph_padding_budget=args.graph_padding_budget,
-        calibrate_survival=setting.calibrated,
+        **dict(setting.overrides),
     )
     drafter = None
     if replay is not None and setting.spec != "none":
@@ -374,9 +425,14 @@ def main(args: argparse.Namespace) -> None:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
     settings = [] if args.no_baseline else [Setting("none", 0)]
     settings += [Setting("fixed", k) for k in args.fixed]
+    variants = [parse_variant(text, args.k) for text in args.variant]
+    if len({v.tag for v in variants}) != len(variants):
+        raise ValueError(f"--variant tags must differ, got {[v.tag for v in variants]}")
+    if variants and args.no_adaptive:
+        raise ValueError("--variant runs adaptive variants: it cannot go with --no-adaptive")
     if not args.no_adaptive:
-        variants = {"off": [False], "on": [True], "both": [False, True]}
-        settings += [Setting("adaptive", args.k, c) for c in variants[args.calibrate_survival]]
+        settings.append(Setting("adaptive", args.k))
+        settings += variants
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[str, int], list[Measurement]] = {}
@@ -532,7 +588,7 @@ def report(
 
 def compare(rows: list[dict]) -> list[str]:
     """Per level: adaptive against the best fixed K and against no speculation (each
-    adaptive variant in turn, then a calibrated variant against the plain one)."""
+    adaptive variant in turn, and each ``--variant`` against plain adaptive)."""
     lines = []
     for concurrency in sorted({r["concurrency"] for r in rows}):
         level = [r for r in rows if r["concurrency"] == concurrency]
@@ -540,7 +596,8 @@ def compare(rows: list[dict]) -> list[str]:
         fixed = [r for r in level if r["spec"] == "fixed"]
         baseline = next((r for r in level if r["spec"] == "none"), None)
         for adaptive in variants:
-            name = "adaptive" + (" cal" if adaptive["label"].endswith(" cal") else "")
+            tag = adaptive["label"].partition(" ")[2]  # a variant's tag
+            name = f"adaptive {tag}" if tag else "adaptive"
             parts = [f"concurrency {concurrency}: {name} {adaptive['tok_s']:.1f} tok/s"]
             if fixed:
                 best = max(fixed, key=lambda r: r["tok_s"])

@@ -112,6 +112,10 @@ class EngineConfig:
     # one taken in the step read the same state. Off by default: not yet shown to pay
     # end to end (README, H200 section, session 23).
     calibrate_survival: bool = False
+    # Adaptive: a drafting depth deeper than another drafted one must promise more than
+    # this share more tokens per ms to be chosen (``AdaptiveVerifier.depth_margin``; 0:
+    # the best promise wins).
+    depth_margin: float = 0.0
     # CPU: products of 2-64 rows (a verify step's K + 1 per request) run as whichever of
     # F.linear and weight @ x.T measured faster on this machine at start-up, over the
     # target's own weights (the drafter's shapes that match them follow; its others keep
@@ -138,6 +142,8 @@ class EngineConfig:
                 "graph_padding_budget must be a number of steps >= 0 (0: capture every new "
                 f"shape at once), got {self.graph_padding_budget!r}"
             )
+        if not 0.0 <= self.depth_margin < 1.0:
+            raise ValueError(f"depth_margin must be in [0, 1), got {self.depth_margin}")
         if self.small_rows not in ("tune", "transposed"):
             raise ValueError(f"small_rows must be 'tune' or 'transposed', got {self.small_rows!r}")
         if self.allocation not in ("auto", "host", "device"):
@@ -392,6 +398,7 @@ class LLMEngine:
                 cost_model,
                 max_total_logits=config.max_num_seqs * (config.num_drafts + 1),
             )
+            self.verifier.depth_margin = config.depth_margin
 
     # ---- requests -------------------------------------------------------------------
 

@@ -165,6 +165,9 @@ class AdaptiveVerifier:
         # The depth of the best drafted plan in the last ``drafting_pays``, even when not
         # drafting was better (0: nothing to draft): what a probe of drafting would use.
         self.probe_depth = 0
+        # ``drafting_pays``: a deeper plan must beat every shallower drafted one by more
+        # than this share of its rate to be chosen (0: the best rate wins, the seed's way).
+        self.depth_margin = 0.0
         # Decayed sums over verified draft slots, per position: the survival the drafter
         # gave them, and how many survived (``record_outcomes``); their ratio corrects
         # the survival every plan prices.
@@ -452,6 +455,11 @@ class AdaptiveVerifier:
             draft_ms,
         )
         best = int(rates[1:].argmax()) + 1  # the first maximum: ties go shallower
+        if self.depth_margin and best > 1 and np.isfinite(rates[best]):
+            shallower = rates[1:best]
+            near = (shallower >= rates[best] * (1.0 - self.depth_margin)) & (shallower > rates[0])
+            if near.any():
+                best = int(near.argmax()) + 1
         self.probe_depth = best if np.isfinite(rates[best]) else 0
         return best if rates[best] > rates[0] else 0
 
