@@ -210,6 +210,12 @@ def main() -> None:
         finished, seconds = closed_loop(engine, prompts[count:], params, concurrency)
         tokens = sum(len(r.output_ids) for r in finished)
         print(f"{label}: {tokens} tokens in {seconds:.3f} s ({tokens / seconds:.1f} tok/s)")
+        stats = engine.stats
+        print(
+            f"  tokens a decode round {stats.acceptance_length:.3f}, verified a round "
+            f"{stats.verified_per_step:.3f}, budgets below the drafts: "
+            f"{getattr(stats, 'budget_cuts', 'n/a')}"
+        )
         model = engine.verifier.cost_model if engine.verifier is not None else None
         by_depth = getattr(model, "draft_costs_by_depth", None)
         if by_depth is not None:

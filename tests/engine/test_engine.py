@@ -69,7 +69,7 @@ def first_divergence(a, b):
 def test_greedy_speculation_equals_plain_greedy_on_a_random_model(tiny, spec):
     prompts = repetitive_prompts(12)
     plain, _ = run(tiny, prompts)
-    budgets = set()
+    budgets, cuts = set(), []
     for k, seed in ((1, 0), (3, 1), (6, 2)):
         cost = RandomCost(seed) if spec == "adaptive" else None
         spec_out, engine = run(tiny, prompts, spec=spec, num_drafts=k, cost_model=cost)
@@ -77,8 +77,13 @@ def test_greedy_speculation_equals_plain_greedy_on_a_random_model(tiny, spec):
         assert engine.stats.num_decode_rounds > 0
         assert sum(o.num_drafts_verified for o in spec_out) > 0  # drafts really were verified
         budgets |= set(engine.stats.budgets)
+        cuts.append(engine.stats.budget_cuts)
+        assert engine.stats.budget_cuts <= len(engine.stats.budgets)
     if spec == "adaptive":
         assert len(budgets) > 3, budgets  # the random costs varied the budget
+        assert sum(cuts) > 0  # and some budgets verified fewer drafts than were proposed
+    else:
+        assert cuts == [0, 0, 0]  # a fixed K verifies every draft
 
 
 @pytest.mark.parametrize(

@@ -179,6 +179,8 @@ class EngineStats:
     undrafted_steps: int = 0  # adaptive: steps where drafting would not have paid
     gate_vetoes: int = 0  # adaptive: of those, steps the cost model drafted but the gate not
     probes: int = 0  # adaptive: drafted steps the cost model declined (``should_probe``)
+    # Adaptive: drafted steps whose budget verified fewer drafts than were proposed.
+    budget_cuts: int = 0
     # Adaptive: decided steps by drafting depth (0: undrafted).
     depth_steps: Counter[int] = field(default_factory=Counter)
     # Adaptive: drafting decisions taken ahead, during the previous step's forward, and
@@ -998,6 +1000,7 @@ class LLMEngine:
                 self.verifier.record(*round_)
         self.stats.budgets.append(budget)
         if budget < total:  # else every draft is admitted: nothing to cut
+            self.stats.budget_cuts += 1
             if budget <= 0:
                 admitted = [0] * len(counts)
             elif proposal.device_confidences is not None and self.allocate_on_device:
