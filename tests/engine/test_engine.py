@@ -586,3 +586,39 @@ def test_the_gate_times_mixed_steps_apart_and_the_prices_learn_from_decoding_ste
     # marked mixed exactly when a prompt chunk shared it; the cost model only the others.
     assert [mixed for *_, mixed in gate.records] == [not pure for pure in decoding_steps]
     assert len(cost.steps) == sum(decoding_steps)
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_the_cost_model_learns_step_times_at_the_profiles_speed_on_the_cpu(tiny, mode, tmp_path):
+    """``normalise_speed``: on a CPU ("auto") every learnt step passes its forward's time,
+    so the cost model's time scale is that of the latest step; "off" leaves it at 1."""
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    seen = []
+    original = ObservedDraftCost.record_step
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("forward_ms"))
+        return original(self, *args, **kwargs)
+
+    ObservedDraftCost.record_step = spy
+    try:
+        _, engine = run(
+            tiny,
+            repetitive_prompts(4),
+            spec="adaptive",
+            num_drafts=3,
+            normalise_speed=mode,
+            profile_path=str(tmp_path / "profile.json"),
+        )
+    finally:
+        ObservedDraftCost.record_step = original
+    model = engine.verifier.cost_model
+    assert seen  # decoding steps were learnt from
+    if mode == "off":
+        assert set(seen) == {None} and model.time_scale == 1.0
+    else:
+        assert None not in seen and seen[-1] == engine.stats.forward_ms[-1]
+        assert model.time_scale != 1.0
+    with pytest.raises(ValueError, match="normalise_speed"):
+        EngineConfig(normalise_speed="sometimes")

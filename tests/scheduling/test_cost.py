@@ -197,6 +197,48 @@ def test_measured_step_overheads_by_bucket_drafted_apart_and_linear_in_depth():
         cost.record_step(4, 4, 0, 0, float("inf"))
 
 
+def test_step_times_are_read_at_the_profiles_speed_when_the_forward_is_timed():
+    from dspark.scheduling import build_depth_costs
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    # Verify T tokens: 10 + T ms; drafting d deep: d ms; K = 3 (as in the test above).
+    tables = build_cost_tables([(1, 3.0), (8, 3.0)], [(1, 11.0), (2, 12.0), (64, 74.0)], 8, 64, 1)
+    depth = build_depth_costs({1: [(1, 1.0), (8, 1.0)], 3: [(1, 3.0), (8, 3.0)]}, 3, 8)
+
+    def learnt(forward_ms):
+        # The true overheads at the profile's speed: 2 ms undrafted, 5 ms drafted 1 deep.
+        # Undrafted steps are measured while the machine runs at half speed (everything
+        # twice as long), drafted ones at full speed: 4 requests, forward priced 14 ms
+        # undrafted and 18 ms with 4 drafts (price 19 with the drafter's 1 ms).
+        cost = ObservedDraftCost(tables, depth_ms=depth)
+        for _ in range(3):
+            slow = None if forward_ms is None else 2 * 14.0
+            cost.record_step(4, 4, 0, 0, 2 * (14.0 + 2.0), forward_ms=slow)
+        for _ in range(3):
+            fast = None if forward_ms is None else 18.0
+            cost.record_step(4, 4, 4, 1, 19.0 + 5.0, forward_ms=fast)
+        return cost
+
+    timed = learnt(forward_ms=True)
+    assert timed.overhead_ms(4, 0) == pytest.approx(2.0)
+    assert timed.overhead_ms(4, 1) == pytest.approx(5.0)
+    assert timed.time_scale == pytest.approx(1.0)  # the latest step ran at the profile's speed
+    # Untimed, the slow phase lands in the undrafted price only: 16 ms missed, not 2, and
+    # drafting looks 11 ms cheaper against it than it is.
+    untimed = learnt(forward_ms=None)
+    assert untimed.overhead_ms(4, 0) == pytest.approx(18.0)
+    assert untimed.overhead_ms(4, 1) == pytest.approx(5.0)
+    # A proposal's time is read at the latest step's time scale.
+    timed.record_step(4, 4, 0, 0, 32.0, forward_ms=28.0)  # half speed
+    timed.record(4, 2.0, depth=1)  # 2 ms at half speed: 1 ms at the profile's, as profiled
+    assert timed.draft_cost_ms(4, 1) == pytest.approx(1.0 + 5.0)
+    # One step's time scale is bounded: a stalled forward reads as four times slower.
+    timed.record_step(4, 4, 0, 0, 100.0, forward_ms=1000.0)
+    assert timed.time_scale == 4.0
+    with pytest.raises(ValueError, match="forward_ms"):
+        timed.record_step(4, 4, 0, 0, 20.0, forward_ms=0.0)
+
+
 def test_one_measured_depth_prices_the_others_optimistically():
     from dspark.scheduling import build_depth_costs
     from dspark.scheduling.cost import ObservedDraftCost

@@ -112,6 +112,15 @@ class EngineConfig:
     # one taken in the step read the same state. Off by default: not yet shown to pay
     # end to end (README, H200 section, session 23).
     calibrate_survival: bool = False
+    # Adaptive: read each step's measured time at the start-up profile's machine speed
+    # (its target forward's time over the profiled price of that forward) before the cost
+    # model learns from it (``ObservedDraftCost``, machine speed), so that overheads
+    # measured in a slow phase of a shared machine and in a fast one compare: "auto" (on
+    # for CPU; off on CUDA, where the forward's time is measured around the look-ahead's
+    # host work and a lease's speed holds), "on", "off". Off by default: on this 2-core
+    # VM it steadies the learnt prices, but its effect on throughput was not separable
+    # from the VM's spread (README, CPU section, session 24).
+    normalise_speed: str = "off"
     # Adaptive: a drafting depth deeper than another drafted one must promise more than
     # this share more tokens per ms to be chosen (``AdaptiveVerifier.depth_margin``; 0:
     # the best promise wins).
@@ -141,6 +150,10 @@ class EngineConfig:
             raise ValueError(
                 "graph_padding_budget must be a number of steps >= 0 (0: capture every new "
                 f"shape at once), got {self.graph_padding_budget!r}"
+            )
+        if self.normalise_speed not in ("auto", "on", "off"):
+            raise ValueError(
+                f"normalise_speed must be 'auto', 'on' or 'off', got {self.normalise_speed!r}"
             )
         if not 0.0 <= self.depth_margin < 1.0:
             raise ValueError(f"depth_margin must be in [0, 1), got {self.depth_margin}")
@@ -382,6 +395,7 @@ class LLMEngine:
         for runner in self._runners:
             runner.ledger.budget = config.graph_padding_budget
         self.allocate_on_device = config.allocation == "device"
+        self._normalise_speed = False  # adaptive: ``EngineConfig.normalise_speed``
         if config.spec is SpecMode.ADAPTIVE:
             if cost_model is None:
                 from dspark.engine.profiling import profile_engine
@@ -401,6 +415,11 @@ class LLMEngine:
                 max_total_logits=config.max_num_seqs * (config.num_drafts + 1),
             )
             self.verifier.depth_margin = config.depth_margin
+            # Only this package's model takes the forward's time (``ObservedDraftCost``).
+            self._normalise_speed = isinstance(cost_model, ObservedDraftCost) and (
+                config.normalise_speed == "on"
+                or (config.normalise_speed == "auto" and self.device.type != "cuda")
+            )
 
     # ---- requests -------------------------------------------------------------------
 
@@ -561,12 +580,23 @@ class LLMEngine:
             if record_step is not None and not mixed:
                 admitted = sum(len(extra) for extra in drafts)
                 timing = (num_reqs, num_tokens, admitted, depth, wall_ms, context)
+                # With ``normalise_speed``, the forward's time too (the step's time scale).
+                forward_ms = self.stats.forward_ms[-1] if self._normalise_speed else None
                 if self.lookahead:  # learnt while the next step's forward runs
-                    self._step_timing = timing
+                    self._step_timing = (timing, forward_ms)
                 else:
-                    record_step(*timing)
+                    self._record_step(timing, forward_ms)
         self.stats.capture_steps += self.num_captures() != captures
         return touched
+
+    def _record_step(self, timing: tuple, forward_ms: float | None) -> None:
+        """A decoding step's timing for the cost model (``ObservedDraftCost.record_step``),
+        with its forward's time when the engine normalises speed (only that model takes
+        it)."""
+        if forward_ms is None:
+            self.verifier.cost_model.record_step(*timing)
+        else:
+            self.verifier.cost_model.record_step(*timing, forward_ms=forward_ms)
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
         """An int64 index on the engine's device without waiting for the device's queue."""
@@ -859,7 +889,7 @@ class LLMEngine:
         depth alone is kept, for a changed batch to take (``EngineConfig.lookahead_reuse``)."""
         start = time.perf_counter()
         if self._step_timing is not None:  # the last step's wall time, for the cost model
-            self.verifier.cost_model.record_step(*self._step_timing)
+            self._record_step(*self._step_timing)
             self._step_timing = None
         self._relax_pending()  # this step's, should it not draft
         self._shares = None

@@ -22,6 +22,10 @@ VERIFY_FLOOR_MS = 1e-6
 OVERHEAD_WINDOW = 16
 """Steps per request-count bucket (drafted and undrafted apart) behind a measured overhead."""
 
+TIME_SCALE_LIMITS = (0.25, 4.0)
+"""Bounds on one step's time scale (its forward's time over the forward's profiled price,
+``ObservedDraftCost.record_step``): a step outside them is read at the bound."""
+
 
 @runtime_checkable
 class StepCostModel(Protocol):
@@ -211,6 +215,19 @@ class ObservedDraftCost:
       one-deep drafting out of use on this CPU at temperature 1: 28 ms missed at depth
       7 was charged to depth 1 as well, and the engine stopped drafting).
 
+    Machine speed (``record_step``'s ``forward_ms``): a machine whose speed wanders (a
+    shared CPU: this 2-core VM's forward at one request runs 0.65-1.3x its profiled time
+    from one second to the next) makes the two windows above disagree: drafted steps
+    mostly measured in a slow phase and undrafted ones in a fast one price drafting
+    several milliseconds too high, the engine stops drafting, and the undrafted window
+    then learns the slow phase while the drafted one keeps it. Given the step's target
+    forward time, the step's wall time is read at the profile's speed (divided by the
+    forward's time over its profiled price, the step's time scale) before the difference is
+    taken, and so is each proposal's time (at the latest step's scale): what the windows
+    keep is then in the profile's milliseconds whatever the phase they were measured in,
+    and prices of drafting and not drafting move together. (Every price is then in the
+    profile's milliseconds; a common scale changes no decision.)
+
     ``depth_ms`` (``build_depth_costs``) prices drafting ``d < K`` positions per request:
     the drafter's sequential heads stop at the deepest draft any request may verify, so
     a shallow step costs less, and ``AdaptiveVerifier.drafting_pays`` chooses the depth
@@ -253,6 +270,10 @@ class ObservedDraftCost:
         # budget: four calls of ``draft_cost_ms`` each), and each is a dozen calls of
         # its own. Every ``record`` and ``record_step`` clears it.
         self._prices: dict[tuple[int, int | None], float] = {}
+        # The latest step's time scale: its forward's time over the forward's profiled
+        # price (2.0: the machine ran at half the profile's speed; ``record_step``'s
+        # ``forward_ms``; 1.0 until a step brings one).
+        self.time_scale = 1.0
 
     def _profiled(self, num_reqs: int, depth: int | None) -> float:
         table = self.depth_ms
@@ -267,7 +288,7 @@ class ObservedDraftCost:
         if not math.isfinite(drafting_ms) or drafting_ms < 0:  # per step: no NumPy call
             raise ValueError(f"drafting_ms must be a finite non-negative time, got {drafting_ms}")
         self._prices.clear()
-        ratio = drafting_ms / max(self._profiled(num_reqs, depth), 1e-9)
+        ratio = drafting_ms / self.time_scale / max(self._profiled(num_reqs, depth), 1e-9)
         old = self._ratio.get(num_reqs)
         self._ratio[num_reqs] = (
             ratio if old is None else self.decay * old + (1 - self.decay) * ratio
@@ -335,20 +356,29 @@ class ObservedDraftCost:
         depth: int,
         wall_ms: float,
         context_tokens: int = 0,
+        forward_ms: float | None = None,
     ) -> None:
         """A whole step of ``num_reqs`` decoding requests (prompt chunks priced by the
         profile alone are not recorded), ``num_tokens`` non-draft tokens and
         ``num_drafts`` admitted drafts, drafted ``depth`` deep (0: undrafted), took
         ``wall_ms``; the difference from its profiled price feeds ``overhead_ms``: per
         request-count bucket, the median of the last ``OVERHEAD_WINDOW`` undrafted steps,
-        and a robust line in the depth through the last drafted ones (``_depth_line``)."""
+        and a robust line in the depth through the last drafted ones (``_depth_line``).
+        ``forward_ms``: the step's target forward alone, if measured; the wall time is
+        then read at the profile's speed (class doc, machine speed)."""
         if not np.isfinite(wall_ms) or wall_ms < 0:
             raise ValueError(f"wall_ms must be a finite non-negative time, got {wall_ms}")
+        if forward_ms is not None and not (math.isfinite(forward_ms) and forward_ms > 0):
+            raise ValueError(f"forward_ms must be a finite positive time, got {forward_ms}")
         if depth < 0 or num_drafts < 0 or (depth == 0 and num_drafts):
             raise ValueError(f"a step drafted {depth} deep cannot admit {num_drafts} drafts")
         self._prices.clear()
         costs = self.base.step_costs_ms(num_reqs, num_tokens, num_drafts, context_tokens)
         price = float(costs[num_drafts]) - self.base.draft_cost_ms(num_reqs)
+        if forward_ms is not None:  # price: the forward's profiled cost so far
+            low, high = TIME_SCALE_LIMITS
+            self.time_scale = min(max(forward_ms / max(price, VERIFY_FLOOR_MS), low), high)
+            wall_ms = wall_ms / self.time_scale
         if depth:
             price += self._profiled(num_reqs, depth) * self._scale(num_reqs)
         key = (int(num_reqs).bit_length(), depth == 0)
