@@ -226,7 +226,10 @@ class ObservedDraftCost:
     taken, and so is each proposal's time (at the latest step's scale): what the windows
     keep is then in the profile's milliseconds whatever the phase they were measured in,
     and prices of drafting and not drafting move together. (Every price is then in the
-    profile's milliseconds; a common scale changes no decision.)
+    profile's milliseconds; a common scale changes no decision.) The cost: a step's
+    forward then counts at exactly its profiled price, so a profile that misprices what
+    the forward's draft tokens add is no longer corrected by the windows, which learn
+    only the rest of the step.
 
     ``depth_ms`` (``build_depth_costs``) prices drafting ``d < K`` positions per request:
     the drafter's sequential heads stop at the deepest draft any request may verify, so
