@@ -35,13 +35,13 @@ log = []
 orig = cm.record_step
 
 
-def rec(num_reqs, num_tokens, num_drafts, depth, wall_ms, context=0):
+def rec(num_reqs, num_tokens, num_drafts, depth, wall_ms, context=0, **kwargs):
     costs = cm.base.step_costs_ms(num_reqs, num_tokens, num_drafts, context)
     fwd_price = float(costs[num_drafts]) - cm.base.draft_cost_ms(num_reqs)
     log.append(
         (time.perf_counter(), depth, wall_ms, engine.stats.forward_ms[-1], fwd_price, num_drafts)
     )
-    return orig(num_reqs, num_tokens, num_drafts, depth, wall_ms, context)
+    return orig(num_reqs, num_tokens, num_drafts, depth, wall_ms, context, **kwargs)
 
 
 cm.record_step = rec

@@ -291,6 +291,7 @@ def test_variants_parse_into_engine_config_fields_of_their_types():
     assert parse_variant("a:allocation=device", 7).overrides == (("allocation", "device"),)
     for bad, named in [
         ("nocolon", "TAG:FIELD=VALUE"),
+        ("x=y:depth_margin=0.1", "letters, digits and underscores"),
         (":depth_margin=0.1", "TAG:FIELD=VALUE"),
         ("x:depth_margn=0.1", "'depth_margn=0.1'"),
         ("x:num_drafts=3", "other than spec"),
@@ -315,3 +316,39 @@ def test_a_variant_reaches_the_engine(tiny, tmp_path):
     off = engine_for(tiny, Setting("adaptive", 3), 2, args)
     assert on.config.calibrate_survival and not off.config.calibrate_survival
     assert on.verifier.depth_margin == 0.05 and off.verifier.depth_margin == 0.0
+    # A variant profiles apart, and may change a field the bench sets itself.
+    assert on.config.profile_path != off.config.profile_path
+    assert on.config.profile_path.endswith("-v.json")
+    padded = engine_for(tiny, parse_variant("p:graph_padding_budget=0", 3), 2, args)
+    assert padded.config.graph_padding_budget == 0.0
+    assert off.config.graph_padding_budget == args.graph_padding_budget != 0.0
+
+
+def test_bad_variants_fail_before_any_run():
+    import argparse
+
+    from dspark.bench.sweep import add_cli_args, checked_variants
+
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    for argv, named in [
+        (["--variant", "m:depth_margin=1.5"], "--variant m: depth_margin must be in"),
+        (["--variant", "a:depth_margin=0.1", "--variant", "a:depth_margin=0.2"], "must differ"),
+        (["--variant", "a:depth_margin=0.1", "--no-adaptive"], "--no-adaptive"),
+    ]:
+        with pytest.raises(ValueError, match=named):
+            checked_variants(parser.parse_args(["--device", "cpu", *argv]))
+    good = checked_variants(
+        parser.parse_args(["--device", "cpu", "--variant", "m:depth_margin=0.1"])
+    )
+    assert [v.label for v in good] == ["adaptive≤7 m"]
+
+
+def test_variants_are_compared_with_plain_adaptive_whatever_the_row_order():
+    rows = [
+        {"concurrency": 4, "spec": "adaptive", "label": "adaptive≤7 m", "tok_s": 12.0},
+        {"concurrency": 4, "spec": "adaptive", "label": "adaptive≤7", "tok_s": 10.0},
+    ]
+    plain, variant = compare(rows)
+    assert plain == "concurrency 4: adaptive 10.0 tok/s"
+    assert variant == "concurrency 4: adaptive m 12.0 tok/s, 1.200x adaptive≤7"

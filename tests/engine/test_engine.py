@@ -82,8 +82,6 @@ def test_greedy_speculation_equals_plain_greedy_on_a_random_model(tiny, spec):
     if spec == "adaptive":
         assert len(budgets) > 3, budgets  # the random costs varied the budget
         assert sum(cuts) > 0  # and some budgets verified fewer drafts than were proposed
-    else:
-        assert cuts == [0, 0, 0]  # a fixed K verifies every draft
 
 
 @pytest.mark.parametrize(
@@ -588,10 +586,16 @@ def test_the_gate_times_mixed_steps_apart_and_the_prices_learn_from_decoding_ste
     assert len(cost.steps) == sum(decoding_steps)
 
 
-@pytest.mark.parametrize("mode", ["auto", "off"])
-def test_the_cost_model_learns_step_times_at_the_profiles_speed_on_the_cpu(tiny, mode, tmp_path):
-    """``normalise_speed``: on a CPU ("auto") every learnt step passes its forward's time,
-    so the cost model's time scale is that of the latest step; "off" leaves it at 1."""
+@pytest.mark.parametrize(
+    ("mode", "lookahead", "normalised"),
+    [("auto", "off", True), ("on", "off", True), ("auto", "on", False), ("off", "off", False)],
+)
+def test_the_cost_model_learns_step_times_at_the_profiles_speed_on_the_cpu(
+    tiny, mode, lookahead, normalised, tmp_path
+):
+    """``normalise_speed``: "on", or "auto" without the look-ahead (whose host work the
+    forward's time would include), passes every learnt step's forward time, so the cost
+    model's time scale is that of the latest step; otherwise it stays 1."""
     from dspark.scheduling.cost import ObservedDraftCost
 
     seen = []
@@ -609,13 +613,14 @@ def test_the_cost_model_learns_step_times_at_the_profiles_speed_on_the_cpu(tiny,
             spec="adaptive",
             num_drafts=3,
             normalise_speed=mode,
+            lookahead=lookahead,
             profile_path=str(tmp_path / "profile.json"),
         )
     finally:
         ObservedDraftCost.record_step = original
     model = engine.verifier.cost_model
     assert seen  # decoding steps were learnt from
-    if mode == "off":
+    if not normalised:
         assert set(seen) == {None} and model.time_scale == 1.0
     else:
         assert None not in seen and seen[-1] == engine.stats.forward_ms[-1]

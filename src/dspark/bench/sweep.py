@@ -73,10 +73,10 @@ def parse_variant(text: str, k: int) -> Setting:
     with the others in the same repeats, so it can be compared pairwise)."""
     tag, sep, assignments = text.partition(":")
     tag = tag.strip()
-    if not sep or not tag or not assignments.strip() or " " in tag:
+    if not sep or not assignments.strip() or not tag.isidentifier():
         raise ValueError(
-            f"--variant must be TAG:FIELD=VALUE[,FIELD=VALUE...] with a tag without spaces, "
-            f"got {text!r}"
+            f"--variant must be TAG:FIELD=VALUE[,FIELD=VALUE...] with a tag of letters, "
+            f"digits and underscores, got {text!r}"
         )
     types = {f.name: f.type for f in fields(EngineConfig)}
     overrides = []
@@ -372,7 +372,9 @@ def engine_for(
     k = max(setting.k, 1)
     out = Path(args.out)
     name = args.shape or "model"
-    config = EngineConfig(
+    # A variant profiles apart (its fields may change what profiling measures).
+    tag = f"-{setting.tag}" if setting.tag else ""
+    values = dict(
         spec=setting.spec,
         num_drafts=k,
         drafter=args.drafter,
@@ -382,11 +384,12 @@ def engine_for(
         max_num_batched_tokens=max(512, concurrency * (k + 1) + args.max_prompt_tokens),
         kv_cache_tokens=max(4096, concurrency * (args.max_prompt_tokens + args.max_tokens + 32)),
         profile_path=str(
-            out / "profiles" / f"profile-{name}-c{concurrency}-k{k}-{args.device}.json"
+            out / "profiles" / f"profile-{name}-c{concurrency}-k{k}-{args.device}{tag}.json"
         ),
         graph_padding_budget=args.graph_padding_budget,
-        **dict(setting.overrides),
     )
+    values.update(setting.overrides)  # a variant's fields win over the bench's
+    config = EngineConfig(**values)
     drafter = None
     if replay is not None and setting.spec != "none":
         block = replay.draft_model.config.block_size
@@ -406,6 +409,7 @@ def main(args: argparse.Namespace) -> None:
         raise ValueError("--repeats and every --concurrency must be at least 1")
     if any(not 1 <= k <= args.k for k in args.fixed):
         raise ValueError(f"--fixed values must be in 1..{args.k} (--k)")
+    variants = checked_variants(args)  # before the model loads: bad input fails at once
     dtype = resolve_dtype(args.dtype, args.device)
     replay = None
     if args.shape:
@@ -425,11 +429,6 @@ def main(args: argparse.Namespace) -> None:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
     settings = [] if args.no_baseline else [Setting("none", 0)]
     settings += [Setting("fixed", k) for k in args.fixed]
-    variants = [parse_variant(text, args.k) for text in args.variant]
-    if len({v.tag for v in variants}) != len(variants):
-        raise ValueError(f"--variant tags must differ, got {[v.tag for v in variants]}")
-    if variants and args.no_adaptive:
-        raise ValueError("--variant runs adaptive variants: it cannot go with --no-adaptive")
     if not args.no_adaptive:
         settings.append(Setting("adaptive", args.k))
         settings += variants
@@ -467,6 +466,22 @@ def main(args: argparse.Namespace) -> None:
         (Path(args.out) / "bench.partial.json").write_text(json.dumps(partial))
     rows = [summarise(measurements) for measurements in runs.values()]
     report(rows, args, dtype, drafter_name, replay)
+
+
+def checked_variants(args: argparse.Namespace) -> list[Setting]:
+    """``--variant`` settings, each checked as an ``EngineConfig`` (its own validation)
+    and against the others, so that a bad one fails before any run, not in its first."""
+    variants = [parse_variant(text, args.k) for text in args.variant]
+    if len({v.tag for v in variants}) != len(variants):
+        raise ValueError(f"--variant tags must differ, got {[v.tag for v in variants]}")
+    if variants and args.no_adaptive:
+        raise ValueError("--variant runs adaptive variants: it cannot go with --no-adaptive")
+    for variant in variants:
+        try:
+            EngineConfig(spec="adaptive", num_drafts=args.k, **dict(variant.overrides))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"--variant {variant.tag}: {error}") from None
+    return variants
 
 
 def job_order(
@@ -531,14 +546,14 @@ def report(
     else:
         device = f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
     header = (
-        f"{'conc':>4} {'setting':>12} {'tok/s':>9} {'user tok/s':>10} {'TPOT p50':>9} "
+        f"{'conc':>4} {'setting':>16} {'tok/s':>9} {'user tok/s':>10} {'TPOT p50':>9} "
         f"{'TPOT p99':>9} {'accept':>6} {'verify':>6} {'step':>8} {'sched%':>6} {'capt':>9} "
         f"{'cover':>5}"
     )
     print(header)
     for row in rows:
         print(
-            f"{row['concurrency']:>4} {row['label']:>12} {row['tok_s']:>9.1f} "
+            f"{row['concurrency']:>4} {row['label']:>16} {row['tok_s']:>9.1f} "
             f"{row['per_user_tok_s']:>10.1f} {row['tpot_p50_ms']:>8.1f}ms "
             f"{row['tpot_p99_ms']:>8.1f}ms {row['acceptance_length']:>6.2f} "
             f"{row['verified_per_round']:>6.2f} {row['step_ms']:>6.1f}ms "
@@ -593,6 +608,8 @@ def compare(rows: list[dict]) -> list[str]:
     for concurrency in sorted({r["concurrency"] for r in rows}):
         level = [r for r in rows if r["concurrency"] == concurrency]
         variants = [r for r in level if r["spec"] == "adaptive"]
+        # Plain adaptive (no tag) first: every variant is compared with it.
+        variants.sort(key=lambda r: bool(r["label"].partition(" ")[2]))
         fixed = [r for r in level if r["spec"] == "fixed"]
         baseline = next((r for r in level if r["spec"] == "none"), None)
         for adaptive in variants:
@@ -610,7 +627,7 @@ def compare(rows: list[dict]) -> list[str]:
                     f"{adaptive['tok_s'] / baseline['tok_s']:.3f}x no spec"
                     + paired_ratios(adaptive, baseline)
                 )
-            if adaptive is not variants[0]:
+            if adaptive is not variants[0] and not variants[0]["label"].partition(" ")[2]:
                 parts.append(
                     f"{adaptive['tok_s'] / variants[0]['tok_s']:.3f}x {variants[0]['label']}"
                     + paired_ratios(adaptive, variants[0])

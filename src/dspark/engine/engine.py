@@ -116,14 +116,14 @@ class EngineConfig:
     # (its target forward's time over the profiled price of that forward) before the cost
     # model learns from it (``ObservedDraftCost``, machine speed), so that overheads
     # measured in a slow phase of a shared machine and in a fast one compare: "auto" (on
-    # for CPU; off on CUDA, where the forward's time is measured around the look-ahead's
-    # host work and a lease's speed holds), "on", "off". Off by default: on this 2-core
-    # VM it steadies the learnt prices, but its effect on throughput was not separable
-    # from the VM's spread (README, CPU section, session 24).
+    # without the look-ahead, as on a CPU; off with it, as on CUDA, where the forward's
+    # time is measured around the look-ahead's host work), "on", "off". Off by default:
+    # on this 2-core VM it steadies the learnt prices, but its effect on throughput was
+    # not separable from the VM's spread (README, CPU section, session 24).
     normalise_speed: str = "off"
-    # Adaptive: a drafting depth deeper than another drafted one must promise more than
-    # this share more tokens per ms to be chosen (``AdaptiveVerifier.depth_margin``; 0:
-    # the best promise wins).
+    # Adaptive: the shallowest drafting depth whose promise of tokens per ms is within
+    # this share of the best depth's (and beats not drafting) is chosen
+    # (``AdaptiveVerifier.depth_margin``; 0: the best promise wins).
     depth_margin: float = 0.0
     # CPU: products of 2-64 rows (a verify step's K + 1 per request) run as whichever of
     # F.linear and weight @ x.T measured faster on this machine at start-up, over the
@@ -418,7 +418,7 @@ class LLMEngine:
             # Only this package's model takes the forward's time (``ObservedDraftCost``).
             self._normalise_speed = isinstance(cost_model, ObservedDraftCost) and (
                 config.normalise_speed == "on"
-                or (config.normalise_speed == "auto" and self.device.type != "cuda")
+                or (config.normalise_speed == "auto" and not self.lookahead)
             )
 
     # ---- requests -------------------------------------------------------------------

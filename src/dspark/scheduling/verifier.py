@@ -165,8 +165,8 @@ class AdaptiveVerifier:
         # The depth of the best drafted plan in the last ``drafting_pays``, even when not
         # drafting was better (0: nothing to draft): what a probe of drafting would use.
         self.probe_depth = 0
-        # ``drafting_pays``: a deeper plan must beat every shallower drafted one by more
-        # than this share of its rate to be chosen (0: the best rate wins, the seed's way).
+        # ``drafting_pays``: the shallowest drafted depth whose rate is within this share
+        # of the best depth's (and beats not drafting) is chosen (0: the best rate wins).
         self.depth_margin = 0.0
         # Decayed sums over verified draft slots, per position: the survival the drafter
         # gave them, and how many survived (``record_outcomes``); their ratio corrects
