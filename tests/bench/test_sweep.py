@@ -302,14 +302,21 @@ def test_variants_parse_into_engine_config_fields_of_their_types():
             parse_variant(bad, 7)
 
 
-def test_a_variant_reaches_the_engine(tiny, tmp_path):
+def _bench_args(*argv: str):
+    """``dspark bench``'s arguments (its own parser and defaults) on the CPU."""
     import argparse
 
-    from dspark.bench.sweep import add_cli_args, engine_for
+    from dspark.bench.sweep import add_cli_args
 
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
-    args = parser.parse_args(["--device", "cpu", "--drafter", "ngram", "--out", str(tmp_path)])
+    return parser.parse_args(["--device", "cpu", *argv])
+
+
+def test_a_variant_reaches_the_engine(tiny, tmp_path):
+    from dspark.bench.sweep import engine_for
+
+    args = _bench_args("--drafter", "ngram", "--out", str(tmp_path))
     assert args.variant == []
     variant = parse_variant("v:calibrate_survival=on,depth_margin=0.05", 3)
     on = engine_for(tiny, variant, 2, args)
@@ -325,22 +332,16 @@ def test_a_variant_reaches_the_engine(tiny, tmp_path):
 
 
 def test_bad_variants_fail_before_any_run():
-    import argparse
+    from dspark.bench.sweep import checked_variants
 
-    from dspark.bench.sweep import add_cli_args, checked_variants
-
-    parser = argparse.ArgumentParser()
-    add_cli_args(parser)
     for argv, named in [
         (["--variant", "m:depth_margin=1.5"], "--variant m: depth_margin must be in"),
         (["--variant", "a:depth_margin=0.1", "--variant", "a:depth_margin=0.2"], "must differ"),
         (["--variant", "a:depth_margin=0.1", "--no-adaptive"], "--no-adaptive"),
     ]:
         with pytest.raises(ValueError, match=named):
-            checked_variants(parser.parse_args(["--device", "cpu", *argv]))
-    good = checked_variants(
-        parser.parse_args(["--device", "cpu", "--variant", "m:depth_margin=0.1"])
-    )
+            checked_variants(_bench_args(*argv))
+    good = checked_variants(_bench_args("--variant", "m:depth_margin=0.1"))
     assert [v.label for v in good] == ["adaptive≤7 m"]
 
 

@@ -412,9 +412,10 @@ def test_the_budget_prices_the_drafter_at_the_depth_it_drafted():
     assert costly.plan(*args) == 2  # the same two drafts, but at 40 ms
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.data())
-def test_drafting_depth_is_the_best_depth_and_budget_by_brute_force(data):
+def _random_depth_case(data):
+    """A drawn batch of n requests (K drafts each, one round recorded), drafter prices by
+    depth and a linear verify cost: the verifier, its ``drafting_pays`` arguments, the
+    recorded survival ``[n, K]``, the drafter's cost by depth and the verify costs."""
     from dspark.scheduling import CostTables
     from dspark.scheduling.cost import ObservedDraftCost
 
@@ -435,9 +436,17 @@ def test_drafting_depth_is_the_best_depth_and_budget_by_brute_force(data):
     for slot in slots:
         verifier.add_request(int(slot))
     verifier.record(slots, confidences)
-    chosen = verifier.drafting_pays(slots, np.full(n, k), np.ones(n, dtype=int), n)
+    args = (slots, np.full(n, k), np.ones(n, dtype=int), n)
+    return verifier, args, np.cumprod(confidences, axis=1), depth_ms, verify
 
-    survival = np.cumprod(confidences, axis=1)
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_drafting_depth_is_the_best_depth_and_budget_by_brute_force(data):
+    verifier, args, survival, depth_ms, verify = _random_depth_case(data)
+    n, k = survival.shape
+    chosen = verifier.drafting_pays(*args)
+
     rates = {}
     for depth in range(1, k + 1):
         ranked = np.sort(survival[:, :depth].ravel())[::-1]
@@ -472,32 +481,13 @@ def test_a_depth_margin_keeps_the_shallowest_depth_near_the_best():
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_a_depth_margin_picks_the_shallowest_near_best_depth_that_beats_no_drafter(data):
-    from dspark.scheduling import CostTables
-    from dspark.scheduling.cost import ObservedDraftCost
-
-    k = data.draw(st.integers(1, 4))
-    n = data.draw(st.integers(1, 4))
-    unit = st.floats(0.0, 1.0)
-    confidences = np.array(
-        data.draw(st.lists(st.lists(unit, min_size=k, max_size=k), min_size=n, max_size=n))
-    )
-    steps = data.draw(st.lists(st.floats(0.0, 5.0), min_size=k, max_size=k))
-    depth_ms = np.concatenate([[0.0], np.cumsum(steps)])
-    table = np.repeat(depth_ms[:, None], n + 1, axis=1)
-    verify = 5.0 + data.draw(st.floats(0.01, 3.0)) * np.arange(n * (k + 1) + 1.0)
-    tables = CostTables(draft_ms=table[k].copy(), verify_ms=verify)
-    verifier = AdaptiveVerifier(n, k, ObservedDraftCost(tables, depth_ms=table), 1000)
-    slots = np.arange(n)
-    for slot in slots:
-        verifier.add_request(int(slot))
-    verifier.record(slots, confidences)
-    args = (slots, np.full(n, k), np.ones(n, dtype=int), n)
+    verifier, args, survival, depth_ms, verify = _random_depth_case(data)
+    n, k = survival.shape
     plain = verifier.drafting_pays(*args)
     margin = data.draw(st.floats(0.0, 0.5))
     verifier.depth_margin = margin
     chosen = verifier.drafting_pays(*args)
 
-    survival = np.cumprod(confidences, axis=1)
     rates = [n / verify[n]]  # by depth, brute force
     for depth in range(1, k + 1):
         ranked = np.sort(survival[:, :depth].ravel())[::-1]
