@@ -1,0 +1,167 @@
+"""The README's headline plot: adaptive verification against the best fixed K (and against
+no speculation where a run has it) at every concurrency, one marker per bench run, from
+the ``bench.json`` files that ``dspark bench`` wrote.
+
+    .venv/bin/python scripts/plot_headline.py [OUT.png]
+
+Each run's best fixed K is the fastest fixed-K setting of that run at that level (the
+fixed Ks a run compares are the ones earlier sweeps found best there); a marker is the
+ratio of medians over the run's repeats, its bar the range of the per-repeat (paired)
+ratios. Plain adaptive only (variants of an in-run A/B are left out). Prints the same
+numbers as a table.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results" / "bench"
+
+# (panel title, [(run label, bench.json's folder relative to RESULTS[, the row of
+# adaptive at the shipped defaults when it is not plain "adaptive≤7"])]), newest last.
+PANELS = [
+    (
+        "H200, Llama-3-8B shape, acceptance REPLAYED (published chat rates)",
+        [
+            ("s23 b6e3c79", "h200/session23/b8_c16_x3"),
+            ("s23 b6e3c79", "h200/session23/b8_c64_x3"),
+            ("s24 4455bf8", "h200/session24/b8_c16_x5"),
+            ("s25 c1f747f", "h200/session25/b8_c4_c1_x3"),
+            ("s25 c1f747f", "h200/session25/b8_c64_x3"),
+            ("s25 c1f747f", "h200/session25/b8_c256_x2"),
+            ("s25 c1f747f", "h200/session25/b8_c256_noshare_x2"),
+        ],
+    ),
+    (
+        "H200, SmolLM2-135M + shipped drafter",
+        [
+            ("s23 b6e3c79", "h200/session23/c256_1_x3"),
+            ("s23 b6e3c79", "h200/session23/c4_16_x5_freezeyes"),
+            ("s23 b6e3c79", "h200/session23/c64_16_x5_freezeyes"),
+            ("s23 b6e3c79", "h200/session23/c64_x3_freezeyes"),
+            ("s24 e34ef01", "h200/session24/cal_c16_64_x5"),
+            ("s24 04de6db", "h200/session24/margin_c4_16_64_x5"),
+        ],
+    ),
+    (
+        "this 2-core CPU, SmolLM2-135M + shipped drafter",
+        [
+            ("s22 acafded", "cpu_session22_c16_x3"),
+            ("s23 6a10c78", "cpu_session23_default_c1_c4_x3"),
+            ("s23 d2104b9", "cpu_session23_mainjob_d2104b9"),
+            ("s23 2912f06", "cpu_session23_mainjob_2912f06"),
+            ("s24 e34ef01", "cpu_session24_cal"),
+            ("s24 04de6db", "cpu_session24_margin"),
+            # This run had normalise_speed on by default; its "raw" variant is the default now.
+            ("s24 304addc", "cpu_session24_speed", "adaptive≤7 raw"),
+            ("s24 304addc", "cpu_session24_mainjob_304addc"),
+            ("s24 3d7e829", "cpu_session24_mainjob_3d7e829"),
+        ],
+    ),
+]
+
+
+def ratios(path: Path, adaptive_label: str | None = None) -> list[dict]:
+    """Per concurrency of one bench.json: adaptive (plain, or the row ``adaptive_label``)
+    over the best fixed K and over no speculation."""
+    rows = json.loads((path / "bench.json").read_text())["rows"]
+    out = []
+    for conc in sorted({r["concurrency"] for r in rows}):
+        level = [r for r in rows if r["concurrency"] == conc]
+        adaptive = [
+            r
+            for r in level
+            if (r["label"] == adaptive_label)
+            or (
+                adaptive_label is None
+                and r["label"].startswith("adaptive")
+                and " " not in r["label"]
+            )
+        ]
+        fixed = [r for r in level if r["label"].startswith("K=")]
+        none = [r for r in level if r["label"] == "no spec"]
+        if not adaptive or not fixed:
+            continue
+        a, best = adaptive[0], max(fixed, key=lambda r: r["tok_s"])
+        entry = {
+            "concurrency": conc,
+            "best": best["label"],
+            "vs_best": a["tok_s"] / best["tok_s"],
+            "paired_best": np.divide(a["tok_s_runs"], best["tok_s_runs"]),
+            "repeats": len(a["tok_s_runs"]),
+        }
+        if none:
+            entry["vs_none"] = a["tok_s"] / none[0]["tok_s"]
+            entry["paired_none"] = np.divide(a["tok_s_runs"], none[0]["tok_s_runs"])
+        out.append(entry)
+    return out
+
+
+def main() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "results" / "headline.png"
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(16, 4.8), sharey=True)
+    print(
+        f"{'panel':10s} {'run':12s} {'conc':>4s} {'best':>5s} {'/best':>6s} "
+        f"{'paired (range)':>22s} {'/none':>6s} repeats"
+    )
+    for ax, (title, runs) in zip(axes, PANELS, strict=True):
+        labels = list(dict.fromkeys(run[0] for run in runs))
+        colours = dict(
+            zip(labels, plt.cm.viridis(np.linspace(0.0, 0.85, len(labels))), strict=True)
+        )
+        seen = set()
+        for i, (label, rel, *row) in enumerate(runs):
+            for e in ratios(RESULTS / rel, *row):
+                x = e["concurrency"] * 2.0 ** (0.07 * (i - len(runs) / 2))  # runs side by side
+                paired = e["paired_best"]
+                lo, hi = paired.min(), paired.max()
+                ax.errorbar(
+                    x,
+                    e["vs_best"],
+                    yerr=[[max(0.0, e["vs_best"] - lo)], [max(0.0, hi - e["vs_best"])]],
+                    fmt="o",
+                    color=colours[label],
+                    capsize=2,
+                    label=None if label in seen else label,
+                )
+                seen.add(label)
+                if "vs_none" in e:
+                    ax.plot(x, e["vs_none"], marker="x", color=colours[label], ls="none")
+                none = f"{e['vs_none']:.3f}" if "vs_none" in e else ""
+                print(
+                    f"{title[:10]:10s} {label:12s} {e['concurrency']:4d} {e['best']:>5s} "
+                    f"{e['vs_best']:6.3f} {np.median(paired):7.3f} ({lo:.3f}-{hi:.3f}) "
+                    f"{none:>6s} {e['repeats']}"
+                )
+        ax.axhline(1.0, color="black", lw=1)
+        ax.axhline(0.98, color="grey", lw=1, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([1, 4, 16, 64, 256], ["1", "4", "16", "64", "256"])
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    axes[0].set_ylabel(
+        "adaptive tok/s ÷ best fixed K's (o, bars: paired range)\n÷ no speculation's (x, where run)"
+    )
+    fig.suptitle(
+        "Adaptive verification against the best fixed K of the same run (dashed: 2% below)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
