@@ -1,6 +1,7 @@
 """The README's headline plot: adaptive verification against the best fixed K (and against
 no speculation where a run has it) at every concurrency, one marker per bench run, from
-the ``bench.json`` files that ``dspark bench`` wrote.
+the ``bench.json`` files that ``dspark bench`` wrote; and the 8B shape's throughput curves
+on the current code, its levels' runs merged into one ``dspark bench`` plot.
 
     .venv/bin/python scripts/plot_headline.py [OUT.png]
 
@@ -103,7 +104,41 @@ def ratios(path: Path, adaptive_label: str | None = None) -> list[dict]:
     return out
 
 
+# The 8B shape's levels on the current code (16: session 24, the same behaviour).
+SWEEP_8B = [
+    "h200/session25/b8_c4_c1_x3",
+    "h200/session24/b8_c16_x5",
+    "h200/session25/b8_c64_x3",
+    "h200/session25/b8_c256_x2",
+]
+
+
+def plot_merged_sweep(folders: list[str], out: Path, title: str) -> None:
+    """One ``dspark bench`` plot (throughput vs load, vs per-user speed) of several runs'
+    rows; each level comes from one run, with the fixed Ks that run compared."""
+    from dspark.bench.sweep import plot
+
+    rows = [
+        r for f in folders for r in json.loads((RESULTS / f / "bench.json").read_text())["rows"]
+    ]
+    # A setting not run at a level gets a gap there, not a line drawn across it.
+    levels = sorted({r["concurrency"] for r in rows})
+    for label in {r["label"] for r in rows}:
+        run_at = {r["concurrency"] for r in rows if r["label"] == label}
+        rows += [
+            {"label": label, "concurrency": c, "tok_s": np.nan, "per_user_tok_s": np.nan}
+            for c in levels
+            if c not in run_at
+        ]
+    plot(rows, out, title)
+
+
 def main() -> None:
+    plot_merged_sweep(
+        SWEEP_8B,
+        RESULTS / "h200" / "session25" / "b8_levels.png",
+        "H200, Llama-3-8B shape, acceptance REPLAYED; fixed Ks as run at each level",
+    )
     import matplotlib
 
     matplotlib.use("Agg")
