@@ -63,6 +63,7 @@ PANELS = [
             ("s24 304addc", "cpu_session24_mainjob_304addc"),
             ("s24 3d7e829", "cpu_session24_mainjob_3d7e829"),
             ("s25 2256fc4", "cpu_session25_mainjob_2256fc4"),
+            ("s25 2ed12df", "cpu_session25_c1_c4_x7"),
         ],
     ),
 ]
