@@ -5,8 +5,8 @@ SmolLM2 with its shipped drafter, one request at a time, four warm-up requests t
 measured ones of 64 tokens, for each engine in turn, twice; prints per engine and round
 the median time of its forwards that verified exactly two tokens (one-deep steps), how
 many there were, and the median drafter time. Asks whether adaptive's one-deep steps
-carry a slower forward than K = 1's in the loop, as two step traces suggested (README,
-CPU section, session 23).
+carry a slower forward than K = 1's in the loop, as two step traces suggested (docs/bench/cpu.md,
+session 23).
 
     PYTHONPATH=src python scripts/cpu_closed_loop_forward.py
 """

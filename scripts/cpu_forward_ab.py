@@ -3,8 +3,8 @@
 SmolLM2 on this CPU, one request verifying two tokens (a one-deep step), the two engines'
 ``forward`` (through the start-up profiler's dummy step) alternating, 30 rounds; prints
 each engine's median and quartiles in ms (the first four rounds dropped). In step traces
-adaptive's one-deep steps took 3-6 ms longer in their forward than K = 1's (README, CPU
-section, session 23); alone, as here, they do not.
+adaptive's one-deep steps took 3-6 ms longer in their forward than K = 1's (docs/bench/cpu.md,
+session 23); alone, as here, they do not.
 
     PYTHONPATH=src python scripts/cpu_forward_ab.py
 """

@@ -110,7 +110,7 @@ class EngineConfig:
     # A step's outcomes are learnt one step late (during the next forward with the
     # look-ahead, at the end of the next step without), so that a plan taken ahead and
     # one taken in the step read the same state. Off by default: not yet shown to pay
-    # end to end (README, H200 section, session 23).
+    # end to end (docs/bench/h200_smollm2.md, sessions 23 and 24).
     calibrate_survival: bool = False
     # Adaptive: read each step's measured time at the start-up profile's machine speed
     # (its target forward's time over the profiled price of that forward) before the cost
