@@ -20,6 +20,7 @@ from collections import Counter
 
 import numpy as np
 import torch
+from depth_decisions import FrozenCost  # this directory: the profile's prices, never corrected
 
 from dspark.engine.drafter import DSparkDrafter
 from dspark.engine.engine import EngineConfig, LLMEngine
@@ -27,19 +28,8 @@ from dspark.engine.profiling import EngineProfile
 from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
 from dspark.engine.sampling import SamplingParams
 from dspark.models.shapes import random_model
-from dspark.scheduling.cost import ObservedDraftCost
 
 PLAN_COUNTS = ("lookahead_hits", "lookahead_reused", "drafting_plans", "share_plans")
-
-
-class FrozenCost(ObservedDraftCost):
-    """The profile's prices, never corrected by measured steps."""
-
-    def record(self, *args, **kwargs) -> None:
-        pass
-
-    def record_step(self, *args, **kwargs) -> None:
-        pass
 
 
 def main() -> None:

@@ -440,26 +440,36 @@ def _random_depth_case(data):
     return verifier, args, np.cumprod(confidences, axis=1), depth_ms, verify
 
 
+def _brute_depth_rates(survival, depth_ms, verify) -> np.ndarray:
+    """``[K + 1]`` by brute force: tokens per ms without the drafter (index 0), then the
+    best over every budget b of the top-b survival among the first d positions, at each
+    drafting depth d."""
+    n, k = survival.shape
+    rates = [n / verify[n]]
+    for depth in range(1, k + 1):
+        ranked = np.sort(survival[:, :depth].ravel())[::-1]
+        rates.append(
+            max(
+                (n + ranked[:b].sum()) / (depth_ms[depth] + verify[n + b])
+                for b in range(1, ranked.size + 1)
+            )
+        )
+    return np.array(rates)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_drafting_depth_is_the_best_depth_and_budget_by_brute_force(data):
     verifier, args, survival, depth_ms, verify = _random_depth_case(data)
-    n, k = survival.shape
     chosen = verifier.drafting_pays(*args)
 
-    rates = {}
-    for depth in range(1, k + 1):
-        ranked = np.sort(survival[:, :depth].ravel())[::-1]
-        for b in range(1, ranked.shape[0] + 1):
-            rates[depth, b] = (n + ranked[:b].sum()) / (depth_ms[depth] + verify[n + b])
-    without = n / verify[n]
-    best = max(rates.values())
+    rates = _brute_depth_rates(survival, depth_ms, verify)
+    without, best = rates[0], rates[1:].max()
     if chosen == 0:
         assert best <= without * (1 + 1e-9)
     else:
-        mine = max(rate for (depth, _), rate in rates.items() if depth == chosen)
-        assert mine > without
-        assert mine >= best * (1 - 1e-9)
+        assert rates[chosen] > without
+        assert rates[chosen] >= best * (1 - 1e-9)
 
 
 def test_a_depth_margin_keeps_the_shallowest_depth_near_the_best():
@@ -482,18 +492,12 @@ def test_a_depth_margin_keeps_the_shallowest_depth_near_the_best():
 @given(st.data())
 def test_a_depth_margin_picks_the_shallowest_near_best_depth_that_beats_no_drafter(data):
     verifier, args, survival, depth_ms, verify = _random_depth_case(data)
-    n, k = survival.shape
     plain = verifier.drafting_pays(*args)
     margin = data.draw(st.floats(0.0, 0.5))
     verifier.depth_margin = margin
     chosen = verifier.drafting_pays(*args)
 
-    rates = [n / verify[n]]  # by depth, brute force
-    for depth in range(1, k + 1):
-        ranked = np.sort(survival[:, :depth].ravel())[::-1]
-        gains = n + np.concatenate([[0.0], np.cumsum(ranked)])
-        rates.append(max(gains[1:] / (depth_ms[depth] + verify[n + 1 : n + ranked.size + 1])))
-    rates = np.array(rates)
+    rates = _brute_depth_rates(survival, depth_ms, verify)
     tol = 1e-9
     if plain == 0:
         assert chosen == 0  # the margin never makes a step draft
