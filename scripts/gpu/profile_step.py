@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from dspark.bench.sweep import Replay, Setting, engine_for
-from dspark.engine.graphs import CAPTURE_AFTER_WASTE
 from dspark.engine.replay import AcceptanceTrace, random_draft_model
 from dspark.engine.sampling import SamplingParams
 from dspark.models.shapes import random_model
@@ -33,7 +32,7 @@ class Args:
     max_prompt_tokens = 256
     max_tokens = 160  # sizes the KV cache: the profile runs ~25 steps past the prompts
     shape = "llama3-8b"
-    graph_padding_budget = CAPTURE_AFTER_WASTE
+    graph_padding_budget = 4.0  # as dspark bench (CAPTURE_AFTER_WASTE)
 
 
 def main() -> None:

@@ -30,7 +30,6 @@ import numpy as np
 import torch
 
 from dspark.bench.sweep import Replay, Setting, bench_prompts, closed_loop, engine_for
-from dspark.engine.graphs import CAPTURE_AFTER_WASTE
 from dspark.engine.replay import AcceptanceTrace, random_draft_model
 from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import load_model
@@ -46,7 +45,7 @@ class Args:
     shape = os.environ.get("SHAPE", "llama3-8b")  # SHAPE=tiny DEVICE=cpu: a smoke test
     prompts = ".gpu/prompts.npz"
     dataset = "sharegpt"
-    graph_padding_budget = CAPTURE_AFTER_WASTE
+    graph_padding_budget = 4.0  # as dspark bench (CAPTURE_AFTER_WASTE)
 
 
 def traced(engine, log):

@@ -288,6 +288,9 @@ def test_variants_parse_into_engine_config_fields_of_their_types():
     assert parse_variant("g:graph_padding_budget=0", 7).overrides == (
         ("graph_padding_budget", 0.0),
     )
+    assert parse_variant("g:graph_padding_budget=auto", 7).overrides == (
+        ("graph_padding_budget", "auto"),
+    )
     assert parse_variant("a:allocation=device", 7).overrides == (("allocation", "device"),)
     for bad, named in [
         ("nocolon", "TAG:FIELD=VALUE"),
@@ -353,3 +356,15 @@ def test_variants_are_compared_with_plain_adaptive_whatever_the_row_order():
     plain, variant = compare(rows)
     assert plain == "concurrency 4: adaptive 10.0 tok/s"
     assert variant == "concurrency 4: adaptive m 12.0 tok/s, 1.200x adaptive≤7"
+
+
+def test_the_padding_budget_option_takes_auto_or_a_number_of_steps():
+    import argparse
+
+    from dspark.bench.sweep import _padding_budget
+
+    assert _padding_budget("auto") == _padding_budget(" AUTO ") == "auto"
+    assert _padding_budget("0") == 0.0 and _padding_budget("2.5") == 2.5
+    for bad in ("-1", "nan", "soon"):
+        with pytest.raises(argparse.ArgumentTypeError, match="auto"):
+            _padding_budget(bad)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dspark.engine.graphs import (
+    CAPTURE_AFTER_WASTE,
     CaptureLedger,
     PaddedStepRunner,
     StepShape,
@@ -13,6 +14,7 @@ from dspark.engine.graphs import (
     padding_waste,
     piece_sizes,
     row_padding_waste,
+    timed_padding_budget,
     token_sizes,
 )
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
@@ -250,6 +252,38 @@ def test_a_zero_padding_budget_captures_every_new_shape_at_once(tiny):
     for bad in (-1.0, float("nan")):
         with pytest.raises(ValueError, match="graph_padding_budget"):
             EngineConfig(graph_padding_budget=bad)
+
+
+def test_a_timed_padding_budget_is_a_capture_over_a_forward_capped_at_the_limit():
+    assert timed_padding_budget(15.0, 60.0) == 0.25  # the 8B shape at 256: a quarter step
+    assert timed_padding_budget(30.0, 5.0) == CAPTURE_AFTER_WASTE  # SmolLM2: 6 steps, capped
+    assert timed_padding_budget(30.0, 5.0, limit=10.0) == 6.0
+    assert timed_padding_budget(0.0, 50.0) == 0.0
+    for capture_ms, forward_ms in [(10.0, 0.0), (10.0, -1.0), (float("nan"), 5.0), (-1.0, 5.0)]:
+        with pytest.raises(ValueError, match="forward_ms"):
+            timed_padding_budget(capture_ms, forward_ms)
+
+
+def test_an_auto_padding_budget_follows_captures_over_a_moving_average_of_forwards(tiny):
+    from dspark.engine.engine import EngineConfig, LLMEngine
+
+    assert EngineConfig().graph_padding_budget == CAPTURE_AFTER_WASTE  # "auto" is opt-in
+    with pytest.raises(ValueError, match="graph_padding_budget"):
+        EngineConfig(graph_padding_budget="fast")
+    engine = LLMEngine(tiny, EngineConfig(cuda_graphs="on", graph_padding_budget="auto"))
+    runner = engine.graphs
+    assert runner.ledger.budget == CAPTURE_AFTER_WASTE
+    assert not engine._timed_padding  # no capture on the CPU: nothing to time
+    engine._time_padding(60.0)  # no capture yet: the budget stays
+    assert runner.ledger.budget == CAPTURE_AFTER_WASTE
+    runner.num_captures, runner.capture_seconds = 2, 0.030  # 15 ms a capture
+    engine._time_padding(20.0)  # average 0.8 * 60 + 0.2 * 20 = 52 ms
+    assert runner.ledger.budget == pytest.approx(15.0 / 52.0)
+    engine._time_padding(2.0)  # 0.8 * 52 + 0.2 * 2 = 42 ms
+    assert runner.ledger.budget == pytest.approx(15.0 / 42.0)
+    runner.capture_seconds = 1.0  # 500 ms a capture: capped
+    engine._time_padding(42.0)
+    assert runner.ledger.budget == CAPTURE_AFTER_WASTE
 
 
 def test_steps_replaying_a_cover_are_counted_with_their_padding(tiny, monkeypatch):

@@ -92,6 +92,19 @@ def parse_variant(text: str, k: int) -> Setting:
     return Setting("adaptive", k, tag, tuple(overrides))
 
 
+def _padding_budget(text: str) -> float | str:
+    """``--graph-padding-budget``: "auto" or a number of steps >= 0."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a number >= 0, got {text!r}")
+    return value
+
+
 def _config_value(name: str, kind, value: str) -> object:
     """``value`` as the EngineConfig field ``name`` holds it (its annotation is a string
     under postponed evaluation)."""
@@ -111,6 +124,8 @@ def _config_value(name: str, kind, value: str) -> object:
         if kind.startswith("float"):
             return float(value)
     except ValueError:
+        if "str" in kind:  # a number or a word (``graph_padding_budget``: "auto")
+            return value
         raise ValueError(f"--variant: {name} takes a number ({kind}), got {value!r}") from None
     return value
 
@@ -327,10 +342,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--graph-padding-budget",
-        type=float,
+        type=_padding_budget,
         default=CAPTURE_AFTER_WASTE,
         help="CUDA graphs: steps' worth of padding a new step shape replays on a larger "
-        "captured one before it is captured itself (0: capture every new shape at once)",
+        "captured one before it is captured itself (0: capture every new shape at once; "
+        f"auto: one capture's time over a forward's, at most {CAPTURE_AFTER_WASTE:g})",
     )
     parser.add_argument(
         "--trace",

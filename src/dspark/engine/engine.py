@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dspark.engine.graphs import CAPTURE_AFTER_WASTE, PaddedStepRunner
+from dspark.engine.graphs import CAPTURE_AFTER_WASTE, PaddedStepRunner, timed_padding_budget
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from dspark.engine.request import FinishReason, PromptTooLongError, Request
 from dspark.engine.sampling import SamplingParams
@@ -79,8 +79,12 @@ class EngineConfig:
     cuda_graphs: str = "auto"
     # CUDA graphs: a shape not captured yet replays a captured one that holds it until the
     # padding adds up to this many steps' worth, then is captured (``CaptureLedger``);
-    # 0: capture every new shape the first time it is met.
-    graph_padding_budget: float = CAPTURE_AFTER_WASTE
+    # 0: capture every new shape the first time it is met; "auto": for the target's
+    # steps, as many steps' worth as one capture's measured time over a forward's, at
+    # most CAPTURE_AFTER_WASTE (``timed_padding_budget``; the drafter's runners keep
+    # CAPTURE_AFTER_WASTE). "auto" is off by default: for the 8B shape at 256 requests on
+    # an H200 it measured as the fixed budget (session 26, docs/bench/h200_8b.md).
+    graph_padding_budget: float | str = CAPTURE_AFTER_WASTE
     # Adaptive: also decide whether to draft at all from measured tokens per ms of
     # drafted and undrafted steps (``dspark.scheduling.gate``), on top of the cost model.
     throughput_gate: bool = True
@@ -146,10 +150,11 @@ class EngineConfig:
             raise ValueError(
                 f"lookahead_reuse must be in (0, 1] or None, got {self.lookahead_reuse!r}"
             )
-        if not self.graph_padding_budget >= 0.0:
+        budget = self.graph_padding_budget
+        if budget != "auto" and not (isinstance(budget, (int, float)) and budget >= 0.0):
             raise ValueError(
-                "graph_padding_budget must be a number of steps >= 0 (0: capture every new "
-                f"shape at once), got {self.graph_padding_budget!r}"
+                "graph_padding_budget must be 'auto' or a number of steps >= 0 (0: capture "
+                f"every new shape at once), got {budget!r}"
             )
         if self.normalise_speed not in ("auto", "on", "off"):
             raise ValueError(
@@ -392,8 +397,12 @@ class LLMEngine:
             getattr(inner, "context_graphs", None),
         )
         self._runners = [runner for runner in runners if runner is not None]
+        timed = config.graph_padding_budget == "auto"
         for runner in self._runners:
-            runner.ledger.budget = config.graph_padding_budget
+            runner.ledger.budget = CAPTURE_AFTER_WASTE if timed else config.graph_padding_budget
+        # "auto": the target's budget follows its captures' and forwards' measured times.
+        self._timed_padding = timed and self.graphs is not None and self.graphs.capture
+        self._forward_ema_ms: float | None = None
         self.allocate_on_device = config.allocation == "device"
         self._normalise_speed = False  # adaptive: ``EngineConfig.normalise_speed``
         if config.spec is SpecMode.ADAPTIVE:
@@ -549,6 +558,8 @@ class LLMEngine:
         if self.verifier is not None and self.lookahead:
             self._look_ahead(chunks, drafts)  # the host's turn while the device computes
         self.stats.forward_ms.append(self._clock() - start_time)
+        if self._timed_padding and self.num_captures() == captures:
+            self._time_padding(self.stats.forward_ms[-1])
         features = torch.cat(captured, dim=-1) if captured else None
         row_starts = ends - num_query_np
         phase = time.perf_counter()
@@ -588,6 +599,18 @@ class LLMEngine:
                     self._record_step(timing, forward_ms)
         self.stats.capture_steps += self.num_captures() != captures
         return touched
+
+    def _time_padding(self, forward_ms: float) -> None:
+        """``graph_padding_budget="auto"``: the target's capture ledger waits for as many
+        steps' worth of padding as one of its captures takes in forwards (an average of
+        its captures over a moving average of forwards that captured nothing)."""
+        average = self._forward_ema_ms
+        average = forward_ms if average is None else 0.8 * average + 0.2 * forward_ms
+        self._forward_ema_ms = average
+        runner = self.graphs
+        if runner.num_captures and average > 0.0:
+            capture_ms = runner.capture_seconds * 1e3 / runner.num_captures
+            runner.ledger.budget = timed_padding_budget(capture_ms, average)
 
     def _record_step(self, timing: tuple, forward_ms: float | None) -> None:
         """A decoding step's timing for the cost model (``ObservedDraftCost.record_step``),
