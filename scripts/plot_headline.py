@@ -64,6 +64,7 @@ PANELS = [
             ("s24 3d7e829", "cpu_session24_mainjob_3d7e829"),
             ("s25 2256fc4", "cpu_session25_mainjob_2256fc4"),
             ("s25 2ed12df", "cpu_session25_c1_c4_x7"),
+            ("s26 af53c21", "cpu_session26_mainjob_af53c21"),
         ],
     ),
 ]

@@ -261,6 +261,10 @@ def test_one_measured_depth_prices_the_others_optimistically():
     cost.record_step(4, 4, 4, 1, 24.0)  # priced 19, missed 5
     assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 7.0, 9.0])
     cost.record_step(4, 4, 4, 1, 26.0)  # missed 7: the depth-1 median is 6
+    # Depth 1 seen twice, depth 3 once: the lone 3-deep step no longer shapes the line,
+    # and deeper depths are priced as depth 1 (optimistically) until seen again.
+    assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([6.0, 6.0, 6.0])
+    cost.record_step(4, 4, 12, 3, 38.0)  # seen twice now (9 ms both times)
     assert cost.overhead_ms(4, 2) == pytest.approx(7.5)  # 4.5 + 1.5 · depth
     # Measured deep first, yet cheaper than undrafted steps: flat, no ramp.
     other = ObservedDraftCost(tables, depth_ms=depth)
@@ -291,6 +295,40 @@ def test_one_outlying_step_does_not_drag_the_learnt_depth_line():
     # Noisy steps that make deeper drafts look cheaper: the line stays flat (at the
     # median of the depths' medians), never falling.
     assert _depth_line(deque([(1, 20.0), (4, 17.0), (7, 14.0)])) == (17.0, 0.0)
+
+
+def test_a_depth_seen_once_does_not_set_the_slope_beside_one_seen_more_often():
+    """Session 26's 8B runs at 256: one 4-deep step that missed its price by 43 ms among
+    fifteen 3-deep ones that missed it by about 16 made the line 26 ms steeper a depth;
+    a depth seen once is left out where another was seen more often, and priced from the
+    rest (optimistically: the one depth left is flat beyond it)."""
+    from dspark.scheduling.cost import _depth_line
+
+    threes = [(3, 16.0 + 0.1 * (i % 3)) for i in range(15)]
+    assert _depth_line(deque([*threes, (4, 43.0)])) == pytest.approx((16.1, 0.0))
+    # Seen twice, a depth counts: the medians (3, 16.1) and (4, 33) make the line.
+    assert _depth_line(deque([*threes, (4, 43.0), (4, 23.0)]))[1] == pytest.approx(16.9)
+    # Lone depths beside a repeated one all drop out; lone depths alone all count.
+    assert _depth_line(deque([(2, 4.0), (2, 4.0), (5, 90.0), (7, 1.0)])) == (4.0, 0.0)
+    assert _depth_line(deque([(1, 5.0), (3, 9.0)])) == pytest.approx((3.0, 2.0))
+
+
+def test_a_lone_expensive_step_at_a_new_depth_leaves_it_priced_as_the_measured_one():
+    from dspark.scheduling import build_depth_costs
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    # Verify T tokens: 10 + T ms; drafting d deep: d ms; K = 3 (as above).
+    tables = build_cost_tables([(1, 3.0), (8, 3.0)], [(1, 11.0), (2, 12.0), (64, 74.0)], 8, 64, 1)
+    depth = build_depth_costs({1: [(1, 1.0), (8, 1.0)], 3: [(1, 3.0), (8, 3.0)]}, 3, 8)
+    cost = ObservedDraftCost(tables, depth_ms=depth)
+    cost.record_step(4, 4, 0, 0, 16.0)  # undrafted: priced 14, missed 2
+    for _ in range(3):
+        cost.record_step(4, 4, 4, 1, 24.0)  # 1 deep: priced 19, missed 5
+    cost.record_step(4, 4, 12, 3, 79.0)  # 3 deep once: priced 29, missed 50
+    # Priced as the measured depth (flat beyond it), not 5 + 22.5 · (depth - 1).
+    assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 5.0, 5.0])
+    cost.record_step(4, 4, 12, 3, 79.0)  # the same again: now it counts
+    assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 27.5, 50.0])
 
 
 @given(
