@@ -627,3 +627,43 @@ def test_the_cost_model_learns_step_times_at_the_profiles_speed_on_the_cpu(
         assert model.time_scale != 1.0
     with pytest.raises(ValueError, match="normalise_speed"):
         EngineConfig(normalise_speed="sometimes")
+
+
+@pytest.mark.parametrize("lookahead", ["off", "on"])
+def test_steps_that_replayed_a_larger_graph_are_learnt_with_their_padding(
+    tiny, lookahead, tmp_path, monkeypatch
+):
+    """The tokens a step's target forward ran beyond its own captured size (a cover,
+    ``CaptureLedger``) reach ``record_step`` as ``padded_tokens``, with the look-ahead
+    deferring the record or not; here every padded forward is made to report 16."""
+    from dspark.engine.graphs import PaddedStepRunner
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    original_run = PaddedStepRunner.run
+
+    def covered_run(self, *args, **kwargs):
+        out = original_run(self, *args, **kwargs)
+        self.covered_tokens += 16
+        return out
+
+    seen = []
+    original = ObservedDraftCost.record_step
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("padded_tokens", 0))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(PaddedStepRunner, "run", covered_run)
+    monkeypatch.setattr(ObservedDraftCost, "record_step", spy)
+    outputs, _ = run(
+        tiny,
+        repetitive_prompts(4),
+        spec="adaptive",
+        num_drafts=3,
+        cuda_graphs="on",
+        lookahead=lookahead,
+        profile_path=str(tmp_path / "profile.json"),
+    )
+    assert seen and set(seen) == {16}
+    plain, _ = run(tiny, repetitive_prompts(4), cuda_graphs="on")
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in plain]  # still lossless

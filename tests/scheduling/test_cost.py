@@ -239,6 +239,27 @@ def test_step_times_are_read_at_the_profiles_speed_when_the_forward_is_timed():
         timed.record_step(4, 4, 0, 0, 20.0, forward_ms=0.0)
 
 
+def test_a_step_that_replayed_a_larger_graph_is_priced_with_its_padding():
+    from dspark.scheduling import build_depth_costs
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    # Verify T tokens: 10 + T ms up to 64; drafting d deep: d ms; K = 3 (as above).
+    tables = build_cost_tables([(1, 3.0), (8, 3.0)], [(1, 11.0), (2, 12.0), (64, 74.0)], 8, 64, 1)
+    depth = build_depth_costs({1: [(1, 1.0), (8, 1.0)], 3: [(1, 3.0), (8, 3.0)]}, 3, 8)
+    own, covered, unpriced = (ObservedDraftCost(tables, depth_ms=depth) for _ in range(3))
+    own.record_step(4, 4, 4, 1, 24.0)  # 8 tokens: priced 18 + 1, missed 5
+    covered.record_step(4, 4, 4, 1, 32.0, padded_tokens=8)  # ran 16: priced 26 + 1
+    unpriced.record_step(4, 4, 4, 1, 32.0)  # the same step, its padding not said
+    assert own.overhead_ms(4, 1) == covered.overhead_ms(4, 1) == pytest.approx(5.0)
+    assert unpriced.overhead_ms(4, 1) == pytest.approx(13.0)
+    # Padding past the tables is priced at their largest size (64 tokens: 74 + 1 ms).
+    edge = ObservedDraftCost(tables, depth_ms=depth)
+    edge.record_step(4, 4, 4, 1, 80.0, padded_tokens=100)
+    assert edge.overhead_ms(4, 1) == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="padded_tokens"):
+        edge.record_step(4, 4, 4, 1, 80.0, padded_tokens=-1)
+
+
 def test_one_measured_depth_prices_the_others_optimistically():
     from dspark.scheduling import build_depth_costs
     from dspark.scheduling.cost import ObservedDraftCost

@@ -547,6 +547,7 @@ class LLMEngine:
         # to drain first, which kept the host from queueing the logits behind it.
         row_index = self._to_device(rows) if rows else None
         start_time = self._clock()
+        padded = self.graphs.covered_tokens if self.graphs is not None else 0
         hidden, captured = self.forward(
             [c.request.table for c in chunks],
             np.array(num_cached),
@@ -558,6 +559,8 @@ class LLMEngine:
         if self.verifier is not None and self.lookahead:
             self._look_ahead(chunks, drafts)  # the host's turn while the device computes
         self.stats.forward_ms.append(self._clock() - start_time)
+        if self.graphs is not None:  # tokens the forward ran on a larger graph than its own
+            padded = self.graphs.covered_tokens - padded
         if self._timed_padding and self.num_captures() == captures:
             self._time_padding(self.stats.forward_ms[-1])
         features = torch.cat(captured, dim=-1) if captured else None
@@ -594,9 +597,9 @@ class LLMEngine:
                 # With ``normalise_speed``, the forward's time too (the step's time scale).
                 forward_ms = self.stats.forward_ms[-1] if self._normalise_speed else None
                 if self.lookahead:  # learnt while the next step's forward runs
-                    self._step_timing = (timing, forward_ms)
+                    self._step_timing = (timing, forward_ms, padded)
                 else:
-                    self._record_step(timing, forward_ms)
+                    self._record_step(timing, forward_ms, padded)
         self.stats.capture_steps += self.num_captures() != captures
         return touched
 
@@ -612,14 +615,17 @@ class LLMEngine:
             capture_ms = runner.capture_seconds * 1e3 / runner.num_captures
             runner.ledger.budget = timed_padding_budget(capture_ms, average)
 
-    def _record_step(self, timing: tuple, forward_ms: float | None) -> None:
+    def _record_step(self, timing: tuple, forward_ms: float | None, padded: int = 0) -> None:
         """A decoding step's timing for the cost model (``ObservedDraftCost.record_step``),
-        with its forward's time when the engine normalises speed (only that model takes
-        it)."""
-        if forward_ms is None:
-            self.verifier.cost_model.record_step(*timing)
-        else:
-            self.verifier.cost_model.record_step(*timing, forward_ms=forward_ms)
+        with its forward's time when the engine normalises speed and the tokens its
+        forward ran beyond its own captured size when a larger graph covered it (only
+        that model takes them)."""
+        extra = {}
+        if forward_ms is not None:
+            extra["forward_ms"] = forward_ms
+        if padded:
+            extra["padded_tokens"] = padded
+        self.verifier.cost_model.record_step(*timing, **extra)
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
         """An int64 index on the engine's device without waiting for the device's queue."""

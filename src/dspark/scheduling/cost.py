@@ -360,6 +360,7 @@ class ObservedDraftCost:
         wall_ms: float,
         context_tokens: int = 0,
         forward_ms: float | None = None,
+        padded_tokens: int = 0,
     ) -> None:
         """A whole step of ``num_reqs`` decoding requests (prompt chunks priced by the
         profile alone are not recorded), ``num_tokens`` non-draft tokens and
@@ -368,16 +369,28 @@ class ObservedDraftCost:
         request-count bucket, the median of the last ``OVERHEAD_WINDOW`` undrafted steps,
         and a robust line in the depth through the last drafted ones (``_depth_line``).
         ``forward_ms``: the step's target forward alone, if measured; the wall time is
-        then read at the profile's speed (class doc, machine speed)."""
+        then read at the profile's speed (class doc, machine speed). ``padded_tokens``:
+        tokens the step's forward ran beyond its own captured size (a CUDA graph of a
+        larger shape replayed while its own was not captured, ``CaptureLedger``); the
+        step is priced with them, as the profile prices a step at the size it runs, so
+        that a transient cover is not learnt as what drafting that deep costs (a depth
+        whose steps replay a much larger graph looks expensive, is drafted less, and so
+        its shape is never captured)."""
         if not np.isfinite(wall_ms) or wall_ms < 0:
             raise ValueError(f"wall_ms must be a finite non-negative time, got {wall_ms}")
         if forward_ms is not None and not (math.isfinite(forward_ms) and forward_ms > 0):
             raise ValueError(f"forward_ms must be a finite positive time, got {forward_ms}")
         if depth < 0 or num_drafts < 0 or (depth == 0 and num_drafts):
             raise ValueError(f"a step drafted {depth} deep cannot admit {num_drafts} drafts")
+        if padded_tokens < 0:
+            raise ValueError(f"padded_tokens must be >= 0, got {padded_tokens}")
         self._prices.clear()
-        costs = self.base.step_costs_ms(num_reqs, num_tokens, num_drafts, context_tokens)
-        price = float(costs[num_drafts]) - self.base.draft_cost_ms(num_reqs)
+        ran = num_drafts + padded_tokens  # tokens past the non-draft ones, padding included
+        limit = getattr(self.base, "max_num_tokens", None)
+        if limit is not None:
+            ran = max(num_drafts, min(ran, limit - num_tokens))
+        costs = self.base.step_costs_ms(num_reqs, num_tokens, ran, context_tokens)
+        price = float(costs[ran]) - self.base.draft_cost_ms(num_reqs)
         if forward_ms is not None:  # price: the forward's profiled cost so far
             low, high = TIME_SCALE_LIMITS
             self.time_scale = min(max(forward_ms / max(price, VERIFY_FLOOR_MS), low), high)
