@@ -655,7 +655,7 @@ def test_steps_that_replayed_a_larger_graph_are_learnt_with_their_padding(
 
     monkeypatch.setattr(PaddedStepRunner, "run", covered_run)
     monkeypatch.setattr(ObservedDraftCost, "record_step", spy)
-    outputs, _ = run(
+    run(
         tiny,
         repetitive_prompts(4),
         spec="adaptive",
@@ -665,5 +665,3 @@ def test_steps_that_replayed_a_larger_graph_are_learnt_with_their_padding(
         profile_path=str(tmp_path / "profile.json"),
     )
     assert seen and set(seen) == {16}
-    plain, _ = run(tiny, repetitive_prompts(4), cuda_graphs="on")
-    assert [o.token_ids for o in outputs] == [o.token_ids for o in plain]  # still lossless

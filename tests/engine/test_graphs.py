@@ -249,9 +249,10 @@ def test_a_zero_padding_budget_captures_every_new_shape_at_once(tiny):
     assert CaptureLedger(row_padding_waste, budget=0.0).choose(64, {96: None}) == 64
     engine = LLMEngine(tiny, EngineConfig(cuda_graphs="on", graph_padding_budget=0.0))
     assert [r.ledger.budget for r in engine.padded_runners()] == [0.0]
-    for bad in (-1.0, float("nan")):
+    for bad in (-1.0, float("nan"), True, "4"):
         with pytest.raises(ValueError, match="graph_padding_budget"):
             EngineConfig(graph_padding_budget=bad)
+    assert EngineConfig(graph_padding_budget=np.int64(2)).graph_padding_budget == 2
 
 
 def test_a_timed_padding_budget_is_a_capture_over_a_forward_capped_at_the_limit():
@@ -284,6 +285,27 @@ def test_an_auto_padding_budget_follows_captures_over_a_moving_average_of_forwar
     runner.capture_seconds = 1.0  # 500 ms a capture: capped
     engine._time_padding(42.0)
     assert runner.ledger.budget == CAPTURE_AFTER_WASTE
+
+
+def test_an_auto_padding_budget_is_set_by_the_engines_steps(tiny):
+    """Wired into the step: after a run whose steps captured nothing, the target's budget
+    is its captures' mean time over the moving average of every step's forward."""
+    from dspark.engine.engine import EngineConfig, LLMEngine
+
+    engine = LLMEngine(tiny, EngineConfig(cuda_graphs="on", graph_padding_budget="auto"))
+    engine._timed_padding = True  # as on a GPU, where the runner captures
+    runner = engine.graphs
+    runner.num_captures, runner.capture_seconds = 1, 0.005  # one capture of 5 ms
+    for prompt in repetitive_prompts(3):
+        engine.add_request(prompt, GREEDY)
+    while engine.has_unfinished():
+        engine.step()
+    forwards = list(engine.stats.forward_ms)
+    average = forwards[0]
+    for forward_ms in forwards[1:]:
+        average = 0.8 * average + 0.2 * forward_ms
+    assert len(forwards) > 3
+    assert runner.ledger.budget == pytest.approx(min(CAPTURE_AFTER_WASTE, 5.0 / average))
 
 
 def test_steps_replaying_a_cover_are_counted_with_their_padding(tiny, monkeypatch):

@@ -252,6 +252,12 @@ def test_a_step_that_replayed_a_larger_graph_is_priced_with_its_padding():
     unpriced.record_step(4, 4, 4, 1, 32.0)  # the same step, its padding not said
     assert own.overhead_ms(4, 1) == covered.overhead_ms(4, 1) == pytest.approx(5.0)
     assert unpriced.overhead_ms(4, 1) == pytest.approx(13.0)
+    # The time scale is the forward's time over its price at the size it ran: 26 ms for a
+    # forward priced 26 is the profile's speed (against 18, the own size's price).
+    timed = ObservedDraftCost(tables, depth_ms=depth)
+    timed.record_step(4, 4, 4, 1, 32.0, forward_ms=26.0, padded_tokens=8)
+    assert timed.time_scale == pytest.approx(1.0)
+    assert timed.overhead_ms(4, 1) == pytest.approx(5.0)
     # Padding past the tables is priced at their largest size (64 tokens: 74 + 1 ms).
     edge = ObservedDraftCost(tables, depth_ms=depth)
     edge.record_step(4, 4, 4, 1, 80.0, padded_tokens=100)
@@ -282,11 +288,14 @@ def test_one_measured_depth_prices_the_others_optimistically():
     cost.record_step(4, 4, 4, 1, 24.0)  # priced 19, missed 5
     assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 7.0, 9.0])
     cost.record_step(4, 4, 4, 1, 26.0)  # missed 7: the depth-1 median is 6
-    # Depth 1 seen twice, depth 3 once: the lone 3-deep step no longer shapes the line,
-    # and deeper depths are priced as depth 1 (optimistically) until seen again.
-    assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([6.0, 6.0, 6.0])
-    cost.record_step(4, 4, 12, 3, 38.0)  # seen twice now (9 ms both times)
     assert cost.overhead_ms(4, 2) == pytest.approx(7.5)  # 4.5 + 1.5 · depth
+    # Depth 1 seen three times, depth 3 once: the 3-deep step no longer shapes the line,
+    # and deeper depths are priced as depth 1 (optimistically) until seen as often.
+    cost.record_step(4, 4, 4, 1, 25.0)  # missed 6: the median stays 6
+    assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([6.0, 6.0, 6.0])
+    cost.record_step(4, 4, 12, 3, 38.0)
+    cost.record_step(4, 4, 12, 3, 38.0)  # three times now (9 ms each)
+    assert cost.overhead_ms(4, 2) == pytest.approx(7.5)
     # Measured deep first, yet cheaper than undrafted steps: flat, no ramp.
     other = ObservedDraftCost(tables, depth_ms=depth)
     other.record_step(4, 4, 0, 0, 17.0)  # 3 ms
@@ -305,11 +314,11 @@ def test_one_measured_depth_prices_the_others_optimistically():
 def test_one_outlying_step_does_not_drag_the_learnt_depth_line():
     from dspark.scheduling.cost import _depth_line
 
-    points = deque([(2, 4.0), (2, 4.0), (2, 400.0), (4, 8.0), (4, 8.0)])
+    points = deque([(2, 4.0), (2, 4.0), (2, 400.0), (4, 8.0), (4, 8.0), (4, 9.0)])
     assert _depth_line(points) == pytest.approx((0.0, 2.0))  # medians (2, 4) and (4, 8)
-    # Four depths, one of them a single stray step: per depth the median slope to the
-    # others is 2, 2, 2 and 197.3; their median is 2.
-    points += [(6, 12.0), (7, 600.0)]
+    # Four depths, one of them stray: per depth the median slope to the others is 2, 2,
+    # 2 and 197.3; their median is 2.
+    points += [(6, 12.0)] * 3 + [(7, 600.0)] * 3
     intercept, slope = _depth_line(points)
     assert slope == pytest.approx(2.0) and intercept == pytest.approx(0.0)
     assert _depth_line(deque([(3, 5.0), (3, 7.0), (3, 90.0)])) == (7.0, 0.0)
@@ -318,23 +327,28 @@ def test_one_outlying_step_does_not_drag_the_learnt_depth_line():
     assert _depth_line(deque([(1, 20.0), (4, 17.0), (7, 14.0)])) == (17.0, 0.0)
 
 
-def test_a_depth_seen_once_does_not_set_the_slope_beside_one_seen_more_often():
+def test_a_depth_seen_under_three_times_does_not_set_the_slope_beside_one_seen_more():
     """Session 26's 8B runs at 256: one 4-deep step that missed its price by 43 ms among
     fifteen 3-deep ones that missed it by about 16 made the line 26 ms steeper a depth;
-    a depth seen once is left out where another was seen more often, and priced from the
-    rest (optimistically: the one depth left is flat beyond it)."""
-    from dspark.scheduling.cost import _depth_line
+    a depth seen fewer than three times is left out where another was seen three times,
+    and priced from the rest (optimistically: the one depth left is flat beyond it)."""
+    from dspark.scheduling.cost import LINE_MIN_STEPS, _depth_line
 
+    assert LINE_MIN_STEPS == 3
     threes = [(3, 16.0 + 0.1 * (i % 3)) for i in range(15)]
     assert _depth_line(deque([*threes, (4, 43.0)])) == pytest.approx((16.1, 0.0))
-    # Seen twice, a depth counts: the medians (3, 16.1) and (4, 33) make the line.
-    assert _depth_line(deque([*threes, (4, 43.0), (4, 23.0)]))[1] == pytest.approx(16.9)
-    # Lone depths beside a repeated one all drop out; lone depths alone all count.
-    assert _depth_line(deque([(2, 4.0), (2, 4.0), (5, 90.0), (7, 1.0)])) == (4.0, 0.0)
-    assert _depth_line(deque([(1, 5.0), (3, 9.0)])) == pytest.approx((3.0, 2.0))
+    # Twice is not enough (a median of two is their mean, half the stray step's pull)...
+    assert _depth_line(deque([*threes, (4, 43.0), (4, 23.0)])) == pytest.approx((16.1, 0.0))
+    # ... three times is: the medians (3, 16.1) and (4, 30) make the line.
+    fours = [(4, 43.0), (4, 23.0), (4, 30.0)]
+    assert _depth_line(deque([*threes, *fours]))[1] == pytest.approx(13.9)
+    # Rare depths beside a frequent one all drop out; with no depth seen three times,
+    # every depth counts.
+    assert _depth_line(deque([(2, 4.0)] * 3 + [(5, 90.0), (7, 1.0), (7, 1.0)])) == (4.0, 0.0)
+    assert _depth_line(deque([(1, 5.0), (3, 9.0), (3, 9.0)])) == pytest.approx((3.0, 2.0))
 
 
-def test_a_lone_expensive_step_at_a_new_depth_leaves_it_priced_as_the_measured_one():
+def test_a_rare_expensive_depth_is_priced_as_the_measured_one_until_seen_three_times():
     from dspark.scheduling import build_depth_costs
     from dspark.scheduling.cost import ObservedDraftCost
 
@@ -345,10 +359,11 @@ def test_a_lone_expensive_step_at_a_new_depth_leaves_it_priced_as_the_measured_o
     cost.record_step(4, 4, 0, 0, 16.0)  # undrafted: priced 14, missed 2
     for _ in range(3):
         cost.record_step(4, 4, 4, 1, 24.0)  # 1 deep: priced 19, missed 5
-    cost.record_step(4, 4, 12, 3, 79.0)  # 3 deep once: priced 29, missed 50
-    # Priced as the measured depth (flat beyond it), not 5 + 22.5 · (depth - 1).
-    assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 5.0, 5.0])
-    cost.record_step(4, 4, 12, 3, 79.0)  # the same again: now it counts
+    for _ in range(2):
+        cost.record_step(4, 4, 12, 3, 79.0)  # 3 deep: priced 29, missed 50
+        # Priced as the measured depth (flat beyond it), not 5 + 22.5 · (depth - 1).
+        assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 5.0, 5.0])
+    cost.record_step(4, 4, 12, 3, 79.0)  # the third time: now it counts
     assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 27.5, 50.0])
 
 

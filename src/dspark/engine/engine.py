@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import numbers
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -151,7 +152,8 @@ class EngineConfig:
                 f"lookahead_reuse must be in (0, 1] or None, got {self.lookahead_reuse!r}"
             )
         budget = self.graph_padding_budget
-        if budget != "auto" and not (isinstance(budget, (int, float)) and budget >= 0.0):
+        number = isinstance(budget, numbers.Real) and not isinstance(budget, bool)
+        if budget != "auto" and not (number and budget >= 0.0):
             raise ValueError(
                 "graph_padding_budget must be 'auto' or a number of steps >= 0 (0: capture "
                 f"every new shape at once), got {budget!r}"
@@ -605,8 +607,10 @@ class LLMEngine:
 
     def _time_padding(self, forward_ms: float) -> None:
         """``graph_padding_budget="auto"``: the target's capture ledger waits for as many
-        steps' worth of padding as one of its captures takes in forwards (an average of
-        its captures over a moving average of forwards that captured nothing)."""
+        steps' worth of padding as one of its captures takes in forwards: the mean of all
+        its captures so far (start-up profiling's included, and the first one's warm-up
+        pass, which raise it early on) over a moving average of every forward of a step
+        that captured nothing (prompt chunks and eager steps included)."""
         average = self._forward_ema_ms
         average = forward_ms if average is None else 0.8 * average + 0.2 * forward_ms
         self._forward_ema_ms = average

@@ -443,31 +443,38 @@ class ObservedDraftCost:
         return costs + extra if extra else costs
 
 
+LINE_MIN_STEPS = 3
+"""Steps a drafting depth needs in the window to shape the overhead line, once another
+depth has as many (``_line_depths``): the median of three resists one stray step."""
+
+
 def _line_depths(points: deque) -> dict[int, list[float]]:
-    """The values of ``(depth, ms)`` points by depth, less the depths seen only once when
-    another was seen more often: a lone step at a depth otherwise sets the line's slope by
-    itself wherever it lands. (The 8B shape at 256 requests on an H200, session 26: one
-    4-deep step that missed its price by 43 ms among fifteen 3-deep ones that missed it
-    by 16 made the line 26 ms steeper a depth; with a depth priced that high nothing
-    drafts it again to correct it, and two of nine runs drafted 1-2 deep for most of the
-    run, 0.93-0.97x K = 5, against 0.99-1.07x.) A depth left out is priced from the
-    others, optimistically where they are one (``ObservedDraftCost``), so it is drafted
-    and measured again."""
+    """The values of ``(depth, ms)`` points by depth, less the depths seen fewer than
+    ``LINE_MIN_STEPS`` times when another was seen that often: a depth seen once (or
+    twice: a median of two is their mean) otherwise sets the line's slope wherever its
+    step lands. (The 8B shape at 256 requests on an H200, session 26: one 4-deep step that
+    missed its price by 43 ms among fifteen 3-deep ones that missed it by 16 made the line
+    26 ms steeper a depth; with a depth priced that high nothing drafts it again to
+    correct it, and two of nine runs drafted 1-2 deep for most of the run, 0.93-0.97x
+    K = 5, against 0.99-1.07x.) A depth left out is priced from the others,
+    optimistically where they are one (``ObservedDraftCost``), so it is drafted and
+    measured again. Until some depth has that many steps, every depth counts."""
     by_depth: dict[int, list[float]] = {}
     for depth, value in points:
         by_depth.setdefault(depth, []).append(value)
-    if len(by_depth) > 1 and any(len(values) > 1 for values in by_depth.values()):
-        by_depth = {d: values for d, values in by_depth.items() if len(values) > 1}
+    if len(by_depth) > 1 and any(len(v) >= LINE_MIN_STEPS for v in by_depth.values()):
+        by_depth = {d: v for d, v in by_depth.items() if len(v) >= LINE_MIN_STEPS}
     return by_depth
 
 
 def _depth_line(points: deque) -> tuple[float, float]:
     """(intercept, slope) of a line through ``(depth, ms)`` points that an outlier does
     not drag (a step that paid a one-off allocation, a stray host stall): each depth's
-    median (depths seen once left out where others were seen more often,
-    ``_line_depths``), then Siegel's repeated median over those (per depth, the median
-    slope to the others; the slope is the median of those, and never negative) and the
-    median intercept; slope 0 when one depth was seen. A few dozen floats: plain Python."""
+    median (depths seen fewer than ``LINE_MIN_STEPS`` times left out where another was
+    seen that often, ``_line_depths``), then Siegel's repeated median over those (per
+    depth, the median slope to the others; the slope is the median of those, and never
+    negative) and the median intercept; slope 0 when one depth was seen. A few dozen
+    floats: plain Python."""
     by_depth = _line_depths(points)
     medians = sorted((d, statistics.median(values)) for d, values in by_depth.items())
     if len(medians) == 1:
