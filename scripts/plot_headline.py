@@ -65,6 +65,7 @@ PANELS = [
             ("s25 2256fc4", "cpu_session25_mainjob_2256fc4"),
             ("s25 2ed12df", "cpu_session25_c1_c4_x7"),
             ("s26 af53c21", "cpu_session26_mainjob_af53c21"),
+            ("s26 037a99c", "cpu_session26_mainjob_037a99c"),
         ],
     ),
 ]
