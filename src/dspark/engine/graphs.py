@@ -101,11 +101,10 @@ def timed_padding_budget(
     forward's measured time), at most ``limit``. A padded step costs at most its padding's
     share of a forward more (all of it where the step is compute-bound), so a shape is
     captured once covering it may have cost what capturing it costs. For the 8B shape at
-    256 requests on an H200 (captures of 10-25 ms, forwards of 40-80 ms) that is a
-    quarter of a step's worth: covers padding ~30% (768 tokens replayed as 1,024) ran
-    steps 15-20 ms slower for about a dozen steps under the fixed ``limit``. For SmolLM2
-    (captures of 17-45 ms, forwards of 4-7 ms) the limit still applies: padding costs a
-    launch-bound step almost nothing."""
+    256 requests on an H200 (captures of 10-25 ms, forwards of 40-80 ms) that is about a
+    quarter of a step's worth; for SmolLM2 (captures of 17-45 ms, forwards of 4-7 ms) the
+    limit applies, padding costing a launch-bound step almost nothing. Opt-in: at 256 on
+    the 8B shape it ran as the fixed limit (session 26, ``docs/bench/h200_8b.md``)."""
     if not (capture_ms >= 0.0 and forward_ms > 0.0):
         raise ValueError(
             f"capture_ms must be >= 0 and forward_ms > 0, got {capture_ms!r} and {forward_ms!r}"

@@ -374,8 +374,8 @@ class ObservedDraftCost:
         larger shape replayed while its own was not captured, ``CaptureLedger``); the
         step is priced with them, as the profile prices a step at the size it runs, so
         that a transient cover is not learnt as what drafting that deep costs (a depth
-        whose steps replay a much larger graph looks expensive, is drafted less, and so
-        its shape is never captured)."""
+        whose steps replay a much larger graph would look expensive and be drafted less,
+        and its shape then gathers the padding that gets it captured only slowly)."""
         if not np.isfinite(wall_ms) or wall_ms < 0:
             raise ValueError(f"wall_ms must be a finite non-negative time, got {wall_ms}")
         if forward_ms is not None and not (math.isfinite(forward_ms) and forward_ms > 0):
@@ -452,11 +452,12 @@ def _line_depths(points: deque) -> dict[int, list[float]]:
     """The values of ``(depth, ms)`` points by depth, less the depths seen fewer than
     ``LINE_MIN_STEPS`` times when another was seen that often: a depth seen once (or
     twice: a median of two is their mean) otherwise sets the line's slope wherever its
-    step lands. (The 8B shape at 256 requests on an H200, session 26: one 4-deep step that
-    missed its price by 43 ms among fifteen 3-deep ones that missed it by 16 made the line
-    26 ms steeper a depth; with a depth priced that high nothing drafts it again to
-    correct it, and two of nine runs drafted 1-2 deep for most of the run, 0.93-0.97x
-    K = 5, against 0.99-1.07x.) A depth left out is priced from the others,
+    step lands, and a depth priced too high is not drafted again to correct it. (The 8B
+    shape at 256 requests on an H200, session 26: replayed from the logged steps, one
+    4-deep step that missed its price by 43 ms among fifteen 3-deep ones that missed it
+    by about 16 made the line 26 ms steeper a depth; two of nine runs had learnt slopes of
+    3.8 and 6 ms a depth and drafted 1-2 deep for most of the run, 0.93-0.97x K = 5
+    against 0.99-1.07x for the others.) A depth left out is priced from the others,
     optimistically where they are one (``ObservedDraftCost``), so it is drafted and
     measured again. Until some depth has that many steps, every depth counts."""
     by_depth: dict[int, list[float]] = {}
