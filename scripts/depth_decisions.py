@@ -39,25 +39,40 @@ class FrozenCost(ObservedDraftCost):
         pass
 
 
+def frozen_engine(
+    profile: EngineProfile,
+    concurrency: int,
+    trace: AcceptanceTrace,
+    cache_tokens: int,
+    drafter_cache_tokens: int,
+    **fields,
+) -> LLMEngine:
+    """Adaptive verification at K = 7 on a tiny random target with a random DSpark
+    drafter, ``trace``'s acceptance replayed and the profile's prices frozen (no gate);
+    ``fields`` override ``EngineConfig``'s."""
+    target = random_model("tiny", dtype=torch.float32)
+    config = dict(
+        kv_cache_tokens=cache_tokens,
+        spec="adaptive",
+        num_drafts=7,
+        max_num_seqs=concurrency,
+        max_num_batched_tokens=profile.max_num_batched_tokens,
+        throughput_gate=False,
+    )
+    drafter = DSparkDrafter(random_draft_model(target), drafter_cache_tokens, 16)
+    return LLMEngine(
+        target,
+        EngineConfig(**(config | fields)),
+        drafter=ReplayDrafter(drafter, trace, seed=0),
+        cost_model=FrozenCost(profile.tables, depth_ms=profile.depth_costs(), num_positions=7),
+    )
+
+
 def main() -> None:
     profile = EngineProfile.load(sys.argv[1])
     concurrency = int(sys.argv[2])
     trace = AcceptanceTrace.resolve(sys.argv[3] if len(sys.argv) > 3 else "published:chat")
-    target = random_model("tiny", dtype=torch.float32)
-    cost = FrozenCost(profile.tables, depth_ms=profile.depth_costs(), num_positions=7)
-    engine = LLMEngine(
-        target,
-        EngineConfig(
-            kv_cache_tokens=32768,
-            spec="adaptive",
-            num_drafts=7,
-            max_num_seqs=concurrency,
-            max_num_batched_tokens=profile.max_num_batched_tokens,
-            throughput_gate=False,
-        ),
-        drafter=ReplayDrafter(DSparkDrafter(random_draft_model(target), 65536, 16), trace, seed=0),
-        cost_model=cost,
-    )
+    engine = frozen_engine(profile, concurrency, trace, 32768, 65536)
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
     pending = [rng.integers(5, 200, rng.integers(20, 200)).tolist() for _ in range(2 * concurrency)]

@@ -20,14 +20,11 @@ from collections import Counter
 
 import numpy as np
 import torch
-from depth_decisions import FrozenCost  # this directory: the profile's prices, never corrected
+from depth_decisions import frozen_engine  # this directory: the profile's prices, frozen
 
-from dspark.engine.drafter import DSparkDrafter
-from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.engine.profiling import EngineProfile
-from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
+from dspark.engine.replay import AcceptanceTrace
 from dspark.engine.sampling import SamplingParams
-from dspark.models.shapes import random_model
 
 PLAN_COUNTS = ("lookahead_hits", "lookahead_reused", "drafting_plans", "share_plans")
 
@@ -41,22 +38,8 @@ def main() -> None:
     }
     torch.manual_seed(0)
     torch.set_num_threads(2)
-    target = random_model("tiny", dtype=torch.float32)
-    config = dict(
-        kv_cache_tokens=131072,
-        spec="adaptive",
-        num_drafts=7,
-        max_num_seqs=concurrency,
-        max_num_batched_tokens=profile.max_num_batched_tokens,
-        throughput_gate=False,
-    )
-    drafter = DSparkDrafter(random_draft_model(target), 131072, 16)
-    engine = LLMEngine(
-        target,
-        EngineConfig(**(config | fields)),
-        drafter=ReplayDrafter(drafter, AcceptanceTrace.resolve("published:chat"), seed=0),
-        cost_model=FrozenCost(profile.tables, depth_ms=profile.depth_costs(), num_positions=7),
-    )
+    trace = AcceptanceTrace.resolve("published:chat")
+    engine = frozen_engine(profile, concurrency, trace, 131072, 131072, **fields)
     engine.lookahead = True  # as on a GPU
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)

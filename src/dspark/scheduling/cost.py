@@ -400,9 +400,9 @@ class ObservedDraftCost:
         key = (int(num_reqs).bit_length(), depth == 0)
         window = self._missed.setdefault(key, deque(maxlen=OVERHEAD_WINDOW))
         window.append((depth, wall_ms - price))
-        self._overhead[key] = _depth_line(window)
+        depths = _line_depths(window)  # the depths the line is drawn through
+        self._overhead[key] = _line_through(depths)
         if depth:
-            depths = _line_depths(window)  # the depths the line was drawn through
             if len(depths) == 1:
                 self._one_depth[key] = next(iter(depths))
             else:
@@ -476,7 +476,11 @@ def _depth_line(points: deque) -> tuple[float, float]:
     depth, the median slope to the others; the slope is the median of those, and never
     negative) and the median intercept; slope 0 when one depth was seen. A few dozen
     floats: plain Python."""
-    by_depth = _line_depths(points)
+    return _line_through(_line_depths(points))
+
+
+def _line_through(by_depth: dict[int, list[float]]) -> tuple[float, float]:
+    """``_depth_line`` of the values ``_line_depths`` kept."""
     medians = sorted((d, statistics.median(values)) for d, values in by_depth.items())
     if len(medians) == 1:
         return medians[0][1], 0.0
