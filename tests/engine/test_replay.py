@@ -1,5 +1,6 @@
 """Replayed acceptance (``dspark.engine.replay``) and random-weight shapes."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -308,12 +309,12 @@ class DepthCost:
         return 0.5 + 0.2 * (7 if depth is None else depth)
 
 
-def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=None, shares=False):
+def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=None, shares="off"):
     """Ten requests through four slots, with staggered lengths: batches change as requests
     finish and join, and limits fall below K near each request's end. Each request's
     latest round is taken as it is (predictiveness held at 1), so a decision depends on
     which requests are in the batch, not only on how many. ``shares``:
-    ``EngineConfig.lookahead_shares`` (off: every budget is the step's own plan)."""
+    ``EngineConfig.lookahead_shares`` ("off": every budget is the step's own plan)."""
     import dspark.scheduling.verifier as verifier_module
 
     monkeypatch.setattr(verifier_module, "PREDICTIVENESS_MIN_PAIRS", 10**9)
@@ -490,7 +491,8 @@ def test_a_batch_that_lost_requests_takes_their_shares_of_the_budget_planned_ahe
     """``EngineConfig.lookahead_shares``: a step whose decoding requests were all planned
     for ahead, at the depth planned, but whose batch is not exactly them takes the sum of
     their shares (each capped at its drafts) as its budget, and plans nothing while the
-    drafter runs; any other step plans as before."""
+    drafter runs; any other step plans as before. With "decode" a step that carries a
+    prompt chunk plans its own budget; with "all" such steps take shares too."""
     ahead_shares, taken = {}, []
     look_ahead, admit = LLMEngine._look_ahead, LLMEngine._admit_adaptively
 
@@ -513,20 +515,27 @@ def test_a_batch_that_lost_requests_takes_their_shares_of_the_budget_planned_ahe
             slots = [batch.slot_list[i] for i in batch.decode_list]
             expected = sum(min(of_slot[s], c) for s, c in zip(slots, counts, strict=True))
             exact = slots == list(of_slot) and len(slots) == len(batch.slot_list)
-            taken.append((self.stats.budgets[-1] == expected, exact))
+            chunk = batch.num_tokens != len(batch.slot_list)
+            taken.append((self.stats.budgets[-1] == expected, exact, chunk))
             assert max(counts) <= depth
             assert self.stats.drafting_plans == planned_while
 
     monkeypatch.setattr(LLMEngine, "_look_ahead", logged_ahead)
     monkeypatch.setattr(LLMEngine, "_admit_adaptively", logged_admit)
-    on, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8, shares=True)
-    assert on.stats.share_plans == len(taken) >= 3
-    assert all(right for right, _ in taken)
-    assert not all(exact for _, exact in taken)  # changed batches among them
+    every, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8, shares="all")
+    assert every.stats.share_plans == len(taken) >= 3
+    assert all(right for right, _, _ in taken)
+    assert not all(exact for _, exact, _ in taken)  # changed batches among them
+    assert any(chunk for _, _, chunk in taken)  # batches with a prompt chunk among them
+    del taken[:]
+    decode, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8, shares="decode")
+    assert decode.stats.share_plans == len(taken) >= 1
+    assert all(right and not chunk for right, _, chunk in taken)
+    assert not all(exact for _, exact, _ in taken)
     off, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8)
     assert off.stats.share_plans == 0
     # Fewer budgets planned in the step, or while the drafter ran.
-    assert on.stats.drafting_plans < off.stats.drafting_plans
+    assert every.stats.drafting_plans < decode.stats.drafting_plans < off.stats.drafting_plans
 
 
 def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
@@ -535,7 +544,7 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
     """``LLMEngine._shared_budget`` by hand: each request's share capped at its drafts,
     within the logits room; None for another step, another depth or a request the look-
     ahead did not plan for."""
-    engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, shares=True)
+    engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, shares="decode")
     engine._step_index = 5
     engine._shares = (5, 3, {0: 3, 1: 2, 2: 0})
     engine._priced_step = (3, 3, 3, 0)  # three requests, drafting 3 deep
@@ -558,6 +567,23 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
     engine._priced_step = (3, 3, 3, 0)
     engine._step_index = 6  # planned for the step before
     assert engine._shared_budget(batch, [3, 3, 3]) is None
+    # A prompt chunk of 5 tokens beside the three decodes (slot 3, not decoding): the step
+    # plans its own budget under "decode", takes the shares under "all".
+    engine._step_index = 5
+    engine._priced_step = (4, 8, 3, 0)
+    mixed = _Batch(
+        slots=np.array([2, 0, 1, 3]),
+        decode_index=np.arange(3),
+        non_draft=np.array([1, 1, 1, 5]),
+        num_sampling=3,
+        context=0,
+        slot_list=[2, 0, 1, 3],
+        decode_list=[0, 1, 2],
+        num_tokens=8,
+    )
+    assert engine._shared_budget(mixed, [3, 1, 3]) is None
+    engine.config = dataclasses.replace(engine.config, lookahead_shares="all")
+    assert engine._shared_budget(mixed, [3, 1, 3]) == 0 + 1 + 2
     engine._step_index = 5
     batch.slot_list = [2, 0, 3]  # slot 3 was not planned for
     assert engine._shared_budget(batch, [3, 3, 3]) is None

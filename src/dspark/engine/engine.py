@@ -104,12 +104,17 @@ class EngineConfig:
     # the step, so every depth is the one the step would take itself.
     lookahead_reuse: float | None = 0.75
     # Adaptive, look-ahead on: a next batch whose decoding requests were all planned for
-    # ahead, but that is not exactly them (one finished, a prompt chunk joined), takes as
-    # its budget the sum of its requests' shares of the budget planned ahead
+    # ahead, but that is not exactly them (one finished or nears its length limit), takes
+    # as its budget the sum of its requests' shares of the budget planned ahead
     # (``AdaptiveVerifier.plan_shares``) instead of planning in the step (while the
-    # drafter runs, which a launch-bound target does not hide). False: plan such a step's
-    # budget itself, so every budget is the one the step would plan.
-    lookahead_shares: bool = True
+    # drafter runs, which a launch-bound target does not hide): "decode" (only a batch
+    # without a prompt chunk), "all" (a batch with a prompt chunk too), "off" (every
+    # budget is the one the step would plan). A prompt chunk moves the step's token count
+    # along the captured sizes, so shares priced for the decodes alone cut the drafts
+    # where the decodes' step is cheap, not where the step with the chunk is: the 8B
+    # profile prices such steps' tokens a ms 4-5% lower with them ("all") than planned
+    # ("decode"; ``scripts/mixed_step_model.py``, docs/bench/h200_8b.md, session 27).
+    lookahead_shares: str = "decode"
     # Adaptive: correct the survival every plan prices by how verified drafts fared
     # against their confidences, per position (``AdaptiveVerifier.record_outcomes``).
     # A step's outcomes are learnt one step late (during the next forward with the
@@ -157,6 +162,10 @@ class EngineConfig:
             raise ValueError(
                 "graph_padding_budget must be 'auto' or a number of steps >= 0 (0: capture "
                 f"every new shape at once), got {budget!r}"
+            )
+        if self.lookahead_shares not in ("decode", "all", "off"):
+            raise ValueError(
+                f"lookahead_shares must be 'decode', 'all' or 'off', got {self.lookahead_shares!r}"
             )
         if self.normalise_speed not in ("auto", "on", "off"):
             raise ValueError(
@@ -776,14 +785,17 @@ class LLMEngine:
     def _shared_budget(self, batch: _Batch, counts: list[int]) -> int | None:
         """The sum of the decoding requests' shares of the budget planned ahead, each at
         most its ``counts`` (drafts, in decoding order), or None when the shares do not
-        cover this step: planned for another step or depth, or a decoding request was not
-        planned for (``EngineConfig.lookahead_shares``)."""
+        cover this step: planned for another step or depth, a decoding request was not
+        planned for, or (``lookahead_shares="decode"``) a prompt chunk shares the step
+        (``EngineConfig.lookahead_shares``)."""
         shares = self._shares
         if shares is None or shares[0] != self._step_index or not counts:
             return None
-        priced = self._priced_step
+        priced = self._priced_step  # (num_reqs, num_tokens, depth, context)
         if priced is None or priced[2] != shares[1]:
             return None
+        if priced[1] != priced[0] and self.config.lookahead_shares == "decode":
+            return None  # the chunk's tokens move the step along the captured sizes
         of_slot = shares[2]
         slot_list = batch.slot_list
         budget = 0
@@ -961,7 +973,7 @@ class LLMEngine:
         # The budget of that step, should it draft that deep (the gate may still say no):
         # planned from the rounds recorded now, which its own round turns stale.
         budget = None
-        if depth and self.config.lookahead_shares:
+        if depth and self.config.lookahead_shares != "off":
             # With each request's share, for a next batch of fewer of them, or with a
             # prompt chunk besides (``_shared_budget``).
             budget, shares = verifier.plan_shares(slots, ones * depth, ones, num_reqs, context)
