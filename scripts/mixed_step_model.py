@@ -24,19 +24,30 @@ import numpy as np
 import torch
 from depth_decisions import frozen_engine  # this directory: the profile's prices, frozen
 
+from dspark.engine.engine import EngineConfig
 from dspark.engine.profiling import EngineProfile
 from dspark.engine.replay import AcceptanceTrace
 from dspark.engine.sampling import SamplingParams
+
+
+def _field(name: str, text: str) -> tuple[str, object]:
+    """An ``EngineConfig`` field from the command line, typed as its default is."""
+    default = getattr(EngineConfig(), name)
+    if isinstance(default, bool):
+        return name, {"on": True, "off": False}[text]
+    if text == "none":
+        return name, None
+    try:
+        return name, float(text)
+    except ValueError:
+        return name, text
 
 
 def main() -> None:
     profile = EngineProfile.load(sys.argv[1])
     concurrency, num_requests = int(sys.argv[2]), int(sys.argv[3])
     data = np.load(sys.argv[4])
-    fields = {
-        name: {"on": True, "off": False}.get(value, value)
-        for name, value in (arg.split("=", 1) for arg in sys.argv[5:])
-    }
+    fields = dict(_field(*arg.split("=", 1)) for arg in sys.argv[5:])
     torch.manual_seed(0)
     torch.set_num_threads(2)
     trace = AcceptanceTrace.resolve("published:chat")

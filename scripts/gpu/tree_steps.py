@@ -13,7 +13,11 @@ learnt). Only what every tree since 2415998 has is read, so an older commit's ``
 adaptive at different speeds differ in what their steps cost or in the depths they pick.
 
 ``--summarise`` prints, per file and setting: steps, tokens a ms, and per drafting depth
-the steps, their median wall time and the tokens a step emitted.
+the steps, their median wall time and the tokens a step emitted; then each setting's
+time split three ways against the file's first setting (the fixed K): steps that
+captured a graph, steps where every running request decoded ("full": no prompt chunk,
+none finished), and the rest (a prompt chunk shared the step or requests left), with
+the tokens a ms of the last two over the first setting's.
 """
 
 import json
@@ -139,6 +143,34 @@ def summarise(paths: list[str]) -> None:
                     f"{ms:6.2f} ms  {per_step:7.1f} tokens/step  {verified:4.2f} "
                     f"verified/round  {per_step / ms:6.2f} tok/ms  {covered} covered"
                 )
+        split = {label: _split(rows) for label, rows in by_label.items()}
+        base = next(iter(split.values()), None)
+        for label, parts in split.items():
+            total = sum(ms for ms, _ in parts.values())
+            rates = []
+            for kind in ("full", "rest"):
+                ms, tokens = parts[kind]
+                base_ms, base_tokens = base[kind]
+                ratio = (tokens / ms) / (base_tokens / base_ms) if ms and base_ms else float("nan")
+                rates.append(f"{kind} {ms:6.0f} ms {ratio:5.3f}x")
+            print(
+                f"  {label:<16} {total:6.0f} ms: captures {parts['captured'][0]:5.0f} ms, "
+                + ", ".join(rates)
+            )
+
+
+def _split(rows: list[dict]) -> dict[str, tuple[float, int]]:
+    """(wall ms, tokens) of the steps that captured, full-batch decodes, and the rest."""
+    parts = {"captured": [0.0, 0], "full": [0.0, 0], "rest": [0.0, 0]}
+    for s in rows:
+        kind = (
+            "captured"
+            if s["captured"]
+            else ("full" if s["rounds"] and s["rounds"] == s["running"] else "rest")
+        )
+        parts[kind][0] += s["wall_ms"]
+        parts[kind][1] += s["generated"]
+    return {kind: (ms, tokens) for kind, (ms, tokens) in parts.items()}
 
 
 if __name__ == "__main__":
