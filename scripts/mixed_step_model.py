@@ -2,18 +2,18 @@
 look-ahead's shares against budgets planned on the step's own batch.
 
     PYTHONPATH=<tree>/src python scripts/mixed_step_model.py PROFILE.json CONCURRENCY \
-        REQUESTS PROMPTS.npz [FIELD=VALUE ...]
+        REQUESTS PROMPTS.npz [--offset N] [FIELD=VALUE ...]
 
-A closed loop of REQUESTS real prompts (``train`` rows of a ``dspark.train.data`` file,
-128 tokens each) at CONCURRENCY through ``depth_decisions.frozen_engine`` (a tiny random
-target on this CPU, acceptance replayed from ``published:chat``, the profile's prices
-frozen, the look-ahead on as on a GPU; extra ``EngineConfig`` fields from the command
-line). Every step is priced as the profile prices it: the target's table at the step's
-packed token count (the captured size it pads to) plus the drafter's price at its depth
-and batch. Printed per kind of step (decode-only, with a prompt chunk): steps, modelled
-ms, tokens emitted, tokens per modelled ms, and how the budgets of steps with a prompt
-chunk were planned. It says what the budget rule does to those steps by the profile's
-own prices, not what they cost on a GPU.
+A closed loop of REQUESTS real prompts (``train`` rows of a ``dspark.train.data`` file
+from row N, 0 by default; 128 tokens each) at CONCURRENCY through
+``depth_decisions.frozen_engine`` (a tiny random target on this CPU, acceptance replayed
+from ``published:chat``, the profile's prices frozen, the look-ahead on as on a GPU;
+extra ``EngineConfig`` fields from the command line). Every step is priced as the
+profile prices it: the target's table at the step's packed token count (the captured
+size it pads to) plus the drafter's price at its depth and batch. Printed per kind of
+step (decode-only, with a prompt chunk): steps, modelled ms, tokens emitted, tokens per
+modelled ms, and how the budgets of steps with a prompt chunk were planned. It says what
+the budget rule does to those steps by the profile's own prices, not what they cost on a GPU.
 """
 
 import sys
@@ -47,7 +47,11 @@ def main() -> None:
     profile = EngineProfile.load(sys.argv[1])
     concurrency, num_requests = int(sys.argv[2]), int(sys.argv[3])
     data = np.load(sys.argv[4])
-    fields = dict(_field(*arg.split("=", 1)) for arg in sys.argv[5:])
+    rest = sys.argv[5:]
+    offset = 0
+    if rest[:1] == ["--offset"]:
+        offset, rest = int(rest[1]), rest[2:]
+    fields = dict(_field(*arg.split("=", 1)) for arg in rest)
     torch.manual_seed(0)
     torch.set_num_threads(2)
     trace = AcceptanceTrace.resolve("published:chat")
@@ -56,9 +60,10 @@ def main() -> None:
     tables, depth_ms = profile.tables, profile.depth_costs()
 
     ends = np.cumsum(data["train_lengths"])
+    rows = slice(offset, offset + num_requests)
     prompts = [
         data["train_flat"][end - n : end].tolist()
-        for end, n in zip(ends[:num_requests], data["train_lengths"][:num_requests], strict=True)
+        for end, n in zip(ends[rows], data["train_lengths"][rows], strict=True)
     ]
     packed: list[int] = []
     original_forward = engine.forward
@@ -80,7 +85,7 @@ def main() -> None:
         before = (
             stats.num_generated,
             stats.drafting_plans,
-            stats.share_plans,
+            getattr(stats, "share_plans", 0),  # older trees have none
             Counter(stats.depth_steps),
         )
         num_running = len(engine.scheduler.running)
@@ -101,7 +106,7 @@ def main() -> None:
         kind[2] += stats.num_generated - before[0]
         if mixed and depth:
             sources["planned on the batch"] += stats.drafting_plans - before[1]
-            sources["shares"] += stats.share_plans - before[2]
+            sources["shares"] += getattr(stats, "share_plans", 0) - before[2]
     for name, (steps, ms, tokens) in kinds.items():
         print(
             f"{name:20s} steps {steps:4d}  modelled {ms:8.1f} ms  tokens {tokens:6d}  "
