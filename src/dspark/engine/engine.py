@@ -111,9 +111,11 @@ class EngineConfig:
     # without a prompt chunk), "all" (a batch with a prompt chunk too), "off" (every
     # budget is the one the step would plan). A prompt chunk moves the step's token count
     # along the captured sizes, so shares priced for the decodes alone cut the drafts
-    # where the decodes' step is cheap, not where the step with the chunk is: the 8B
-    # profile prices such steps' tokens a ms 4-5% lower with them ("all") than planned
-    # ("decode"; ``scripts/mixed_step_model.py``, docs/bench/h200_8b.md, session 27).
+    # where the decodes' step is cheap, not where the step with the chunk is: by the 8B
+    # shape's H200 profile at 256 requests such steps emit 3.6% fewer tokens a ms with
+    # them ("all") than planned ("decode"; ``scripts/mixed_step_model.py``), and on the
+    # H200 "decode" ran 1.028x "all" (paired median of five runs; docs/bench/h200_8b.md,
+    # session 27).
     lookahead_shares: str = "decode"
     # Adaptive: correct the survival every plan prices by how verified drafts fared
     # against their confidences, per position (``AdaptiveVerifier.record_outcomes``).
@@ -974,8 +976,8 @@ class LLMEngine:
         # planned from the rounds recorded now, which its own round turns stale.
         budget = None
         if depth and self.config.lookahead_shares != "off":
-            # With each request's share, for a next batch of fewer of them, or with a
-            # prompt chunk besides (``_shared_budget``).
+            # With each request's share, for a next batch of fewer of them, or (with
+            # "all") with a prompt chunk besides (``_shared_budget``).
             budget, shares = verifier.plan_shares(slots, ones * depth, ones, num_reqs, context)
             of_slot = dict(zip(slot_list, shares.tolist(), strict=True))
             self._shares = (self._step_index + 1, depth, of_slot)
