@@ -66,6 +66,7 @@ PANELS = [
             ("s25 2ed12df", "cpu_session25_c1_c4_x7"),
             ("s26 af53c21", "cpu_session26_mainjob_af53c21"),
             ("s26 037a99c", "cpu_session26_mainjob_037a99c"),
+            ("s27 42c4998", "cpu_session27_mainjob_42c4998"),
         ],
     ),
 ]
