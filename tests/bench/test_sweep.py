@@ -341,11 +341,15 @@ def test_bad_variants_fail_before_any_run():
         (["--variant", "m:depth_margin=1.5"], "--variant m: depth_margin must be in"),
         (["--variant", "a:depth_margin=0.1", "--variant", "a:depth_margin=0.2"], "must differ"),
         (["--variant", "a:depth_margin=0.1", "--no-adaptive"], "--no-adaptive"),
+        # Since session 27 a word, not a switch: "on" names no mode.
+        (["--variant", "s:lookahead_shares=on"], "lookahead_shares must be 'decode', 'all'"),
     ]:
         with pytest.raises(ValueError, match=named):
             checked_variants(_bench_args(*argv))
     good = checked_variants(_bench_args("--variant", "m:depth_margin=0.1"))
     assert [v.label for v in good] == ["adaptive≤7 m"]
+    shares = checked_variants(_bench_args("--variant", "s:lookahead_shares=all"))
+    assert shares[0].overrides == (("lookahead_shares", "all"),)
 
 
 def test_variants_are_compared_with_plain_adaptive_whatever_the_row_order():

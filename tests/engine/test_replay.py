@@ -543,7 +543,8 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
 ):
     """``LLMEngine._shared_budget`` by hand: each request's share capped at its drafts,
     within the logits room; None for another step, another depth or a request the look-
-    ahead did not plan for."""
+    ahead did not plan for, and (``lookahead_shares="decode"``) for a step that carries a
+    prompt chunk."""
     engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, shares="decode")
     engine._step_index = 5
     engine._shares = (5, 3, {0: 3, 1: 2, 2: 0})
@@ -584,7 +585,7 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
     assert engine._shared_budget(mixed, [3, 1, 3]) is None
     engine.config = dataclasses.replace(engine.config, lookahead_shares="all")
     assert engine._shared_budget(mixed, [3, 1, 3]) == 0 + 1 + 2
-    engine._step_index = 5
+    engine._priced_step = (3, 3, 3, 0)
     batch.slot_list = [2, 0, 3]  # slot 3 was not planned for
     assert engine._shared_budget(batch, [3, 3, 3]) is None
 
