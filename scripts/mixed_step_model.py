@@ -87,6 +87,7 @@ def main() -> None:
             stats.drafting_plans,
             getattr(stats, "share_plans", 0),  # older trees have none
             Counter(stats.depth_steps),
+            getattr(stats, "recut_plans", 0),
         )
         num_running = len(engine.scheduler.running)
         del packed[:]
@@ -107,6 +108,7 @@ def main() -> None:
         if mixed and depth:
             sources["planned on the batch"] += stats.drafting_plans - before[1]
             sources["shares"] += getattr(stats, "share_plans", 0) - before[2]
+            sources["recut ahead"] += getattr(stats, "recut_plans", 0) - before[4]
     for name, (steps, ms, tokens) in kinds.items():
         print(
             f"{name:20s} steps {steps:4d}  modelled {ms:8.1f} ms  tokens {tokens:6d}  "

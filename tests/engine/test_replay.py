@@ -492,15 +492,17 @@ def test_a_batch_that_lost_requests_takes_their_shares_of_the_budget_planned_ahe
     for ahead, at the depth planned, but whose batch is not exactly them takes the sum of
     their shares (each capped at its drafts) as its budget, and plans nothing while the
     drafter runs; any other step plans as before. With "decode" a step that carries a
-    prompt chunk plans its own budget; with "all" such steps take shares too."""
-    ahead_shares, taken = {}, []
+    prompt chunk takes the look-ahead's ranking cut again at its own prices, which is the
+    budget it would plan itself (predictiveness held at 1); with "all" such steps take
+    shares too."""
+    ahead_shares, taken, recut = {}, [], []
     look_ahead, admit = LLMEngine._look_ahead, LLMEngine._admit_adaptively
 
     def logged_ahead(self, chunks, drafts):
         look_ahead(self, chunks, drafts)
         if self._shares is not None:
             ahead_shares[self._shares[0]] = self._shares
-            _, depth, of_slot = self._shares
+            _, depth, of_slot, _, _ = self._shares
             # The shares are the plan's: they sum to its budget (the exact batch's).
             if self._ahead[4] is not None:
                 assert sum(of_slot.values()) == self._ahead[4]
@@ -508,10 +510,18 @@ def test_a_batch_that_lost_requests_takes_their_shares_of_the_budget_planned_ahe
 
     def logged_admit(self, batch, drafts, proposal):
         shared, planned_while = self.stats.share_plans, self.stats.drafting_plans
+        recuts = self.stats.recut_plans
         counts = [len(drafts[i]) for i in batch.decode_list]
+        num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
+        num_drafts[batch.decode_index] = counts
+        own = self._plan_budget(batch, num_drafts)  # what the step would plan itself
         admit(self, batch, drafts, proposal)
+        if self.stats.recut_plans > recuts:
+            assert batch.num_tokens != len(batch.slot_list)  # a prompt chunk shares it
+            recut.append(self.stats.budgets[-1] == own)
+            assert self.stats.drafting_plans == planned_while
         if self.stats.share_plans > shared:
-            _, depth, of_slot = ahead_shares[self._step_index]
+            _, depth, of_slot, _, _ = ahead_shares[self._step_index]
             slots = [batch.slot_list[i] for i in batch.decode_list]
             expected = sum(min(of_slot[s], c) for s, c in zip(slots, counts, strict=True))
             exact = slots == list(of_slot) and len(slots) == len(batch.slot_list)
@@ -527,15 +537,18 @@ def test_a_batch_that_lost_requests_takes_their_shares_of_the_budget_planned_ahe
     assert all(right for right, _, _ in taken)
     assert not all(exact for _, exact, _ in taken)  # changed batches among them
     assert any(chunk for _, _, chunk in taken)  # batches with a prompt chunk among them
+    assert every.stats.recut_plans == 0 and not recut
     del taken[:]
     decode, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8, shares="decode")
     assert decode.stats.share_plans == len(taken) >= 1
     assert all(right and not chunk for right, _, chunk in taken)
     assert not all(exact for _, exact, _ in taken)
+    assert decode.stats.recut_plans == len(recut) >= 1 and all(recut)
     off, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8)
-    assert off.stats.share_plans == 0
+    assert off.stats.share_plans == off.stats.recut_plans == 0
     # Fewer budgets planned in the step, or while the drafter ran.
-    assert every.stats.drafting_plans < decode.stats.drafting_plans < off.stats.drafting_plans
+    assert decode.stats.drafting_plans < off.stats.drafting_plans
+    assert every.stats.drafting_plans < off.stats.drafting_plans
 
 
 def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
@@ -543,11 +556,14 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
 ):
     """``LLMEngine._shared_budget`` by hand: each request's share capped at its drafts,
     within the logits room; None for another step, another depth or a request the look-
-    ahead did not plan for, and (``lookahead_shares="decode"``) for a step that carries a
-    prompt chunk."""
+    ahead did not plan for. A step that carries a prompt chunk takes, under "decode", the
+    look-ahead's survival rows of its decoding requests (in its own order, zero past
+    each one's drafts) cut at its own prices, under "all" the shares."""
     engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, shares="decode")
     engine._step_index = 5
-    engine._shares = (5, 3, {0: 3, 1: 2, 2: 0})
+    # The look-ahead planned slots 0, 1, 2 (rows in that order) 3 deep.
+    ranked = np.array([[0.5, 0.45, 0.4], [0.3, 0.1, 0.05], [0.9, 0.8, 0.7]])
+    engine._shares = (5, 3, {0: 3, 1: 2, 2: 0}, ranked, {0: 0, 1: 1, 2: 2})
     engine._priced_step = (3, 3, 3, 0)  # three requests, drafting 3 deep
     batch = _Batch(
         slots=np.array([2, 0, 1]),
@@ -559,17 +575,21 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
         decode_list=[0, 1, 2],
         num_tokens=3,
     )
-    assert engine._shared_budget(batch, [3, 1, 3]) == 0 + 1 + 2
+    assert engine._shared_budget(batch, [3, 1, 3]) == (0 + 1 + 2, "shares")
     engine.verifier.max_total_logits = 3 + 2  # two drafts beside the three bonus tokens
-    assert engine._shared_budget(batch, [3, 3, 3]) == 2
+    assert engine._shared_budget(batch, [3, 3, 3]) == (2, "shares")
     engine.verifier.max_total_logits = 1000
     engine._priced_step = (3, 3, 2, 0)  # drafting 2 deep, planned for 3
     assert engine._shared_budget(batch, [2, 2, 2]) is None
     engine._priced_step = (3, 3, 3, 0)
     engine._step_index = 6  # planned for the step before
     assert engine._shared_budget(batch, [3, 3, 3]) is None
-    # A prompt chunk of 5 tokens beside the three decodes (slot 3, not decoding): the step
-    # plans its own budget under "decode", takes the shares under "all".
+    # A prompt chunk of 5 tokens beside the three decodes (slot 3, not decoding), slot 0
+    # drafting 1. ``DepthCost`` prices the step, with its chunk's tokens paid whatever is
+    # drafted and the drafter 3 deep, at 9.5 + 0.4 b ms for b drafts; the rows give
+    # 0.9, 0.8, 0.7, 0.5 (slot 0's first), 0.3, 0.1, 0.05, and (3 + their top-b sum) /
+    # (9.5 + 0.4 b) peaks at b = 5 (6.2 / 11.5). Slot 0's rows past its one draft
+    # counted (0.45, 0.4) would make it 7.
     engine._step_index = 5
     engine._priced_step = (4, 8, 3, 0)
     mixed = _Batch(
@@ -582,9 +602,11 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
         decode_list=[0, 1, 2],
         num_tokens=8,
     )
-    assert engine._shared_budget(mixed, [3, 1, 3]) is None
+    assert engine._shared_budget(mixed, [3, 1, 3]) == (5, "recut")
+    engine._shares = (5, 3, {0: 3, 1: 2, 2: 0}, None, {0: 0, 1: 1, 2: 2})
+    assert engine._shared_budget(mixed, [3, 1, 3]) is None  # nothing was ranked ahead
     engine.config = dataclasses.replace(engine.config, lookahead_shares="all")
-    assert engine._shared_budget(mixed, [3, 1, 3]) == 0 + 1 + 2
+    assert engine._shared_budget(mixed, [3, 1, 3]) == (0 + 1 + 2, "shares")
     engine._priced_step = (3, 3, 3, 0)
     batch.slot_list = [2, 0, 3]  # slot 3 was not planned for
     assert engine._shared_budget(batch, [3, 3, 3]) is None

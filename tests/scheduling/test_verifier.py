@@ -761,3 +761,84 @@ def test_the_plan_of_a_step_with_a_prompt_chunk_by_brute_force(data):
         for b in range(scores.shape[0] + 1)
     ]
     assert budget == int(np.argmax(ratios))
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_recut_of_the_ranking_ahead_is_the_steps_own_plan(data):
+    """``recut``: the rows ``plan_ranking`` ranked for some decoding requests, taken by a
+    later step of a subset of them (some drafting fewer) beside prompt chunks that draft
+    nothing, give the budget ``plan(..., ahead=True)`` gives that step, on a verify curve
+    with steps and a drafter priced by depth (predictiveness 1, as until enough rounds
+    are paired, so the batch-level shrink leaves the rows as they are)."""
+    from dspark.scheduling import CostTables
+
+    k, num_slots = 4, 8
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    steps = rng.choice([0.0, 0.0, 0.0, 0.25, 3.0], size=200).cumsum()
+    # The drafter's full-depth price (18 ms) is in the tables' step cost (20 ms).
+    tables = CostTables(draft_ms=np.full(num_slots + 1, 20.0), verify_ms=10.0 + steps)
+
+    class DepthPriced:
+        def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
+            return tables.step_costs_ms(num_reqs, num_tokens, max_drafts, context_tokens)
+
+        def draft_cost_ms(self, num_reqs, depth=None):
+            return 2.0 + 4.0 * (k if depth is None else depth)
+
+    verifier = AdaptiveVerifier(num_slots, k, DepthPriced(), max_total_logits=60)
+    for slot in range(num_slots):
+        verifier.add_request(slot)
+    recorded = rng.integers(0, num_slots, data.draw(st.integers(1, num_slots)))
+    recorded = np.unique(recorded)  # the others keep the prior of 1.0
+    unit = np.array([0.0, 0.3, 0.6, 0.9, 1.0])
+    verifier.record(recorded, rng.choice(unit, size=(recorded.shape[0], k)))
+    ahead_slots = rng.permutation(num_slots)[: data.draw(st.integers(1, num_slots - 1))]
+    n = ahead_slots.shape[0]
+    depth = data.draw(st.integers(1, k))
+    ones = np.ones(n, dtype=np.int64)
+    _, _, ranked = verifier.plan_ranking(ahead_slots, ones * depth, ones, n)
+    assert ranked is not None and ranked.shape == (n, k)
+    # The later step: some of those requests (in another order), each at most ``depth``
+    # drafts, then prompt chunks of slots the look-ahead did not plan for.
+    keep = rng.permutation(n)[: data.draw(st.integers(1, n))]
+    counts = rng.integers(0, depth + 1, keep.shape[0])
+    counts[0] = depth  # the step drafts that deep
+    others = np.setdiff1d(np.arange(num_slots), ahead_slots)
+    chunks = others[: data.draw(st.integers(0, others.shape[0]))]
+    slots = np.concatenate([ahead_slots[keep], chunks])
+    num_drafts = np.concatenate([counts, np.zeros(chunks.shape[0], dtype=np.int64)])
+    chunk_tokens = rng.integers(1, 40, chunks.shape[0])
+    non_draft = np.concatenate([np.ones(keep.shape[0], dtype=np.int64), chunk_tokens])
+    num_sampling = keep.shape[0] + int(data.draw(st.integers(0, chunks.shape[0])))
+    expected = verifier.plan(slots, num_drafts, non_draft, num_sampling, ahead=True)
+    picked = ranked[keep] * (np.arange(k) < counts[:, None])
+    got = verifier.recut(
+        picked,
+        int(counts.sum()),
+        slots.shape[0],
+        int(non_draft.sum()),
+        num_sampling,
+        int(counts.max()),
+    )
+    assert got == expected
+
+
+def test_recut_by_hand():
+    """One request recorded at survival 0.9, 0.81, 0.729 (K = 3) beside a 20-token prompt
+    chunk; verify costs 10 ms to 40 tokens, then 20 ms; no drafter price. Decoding alone
+    (1 token) every draft pays (3.44 / 10). With the chunk the step has 21 tokens: the
+    drafts' marginal cost is 0 up to 19 more tokens, so all three still pay, and at a
+    step of 38 tokens the third crosses 40: (1 + 1.71) / 10 beats (1 + 2.439) / 20."""
+    from dspark.scheduling import CostTables
+
+    verify = np.where(np.arange(64) <= 40, 10.0, 20.0)
+    tables = CostTables(draft_ms=np.zeros(3), verify_ms=verify)
+    verifier = AdaptiveVerifier(2, 3, tables, max_total_logits=64)
+    verifier.add_request(0)
+    verifier.record(np.array([0]), np.array([[0.9, 0.9, 0.9]]))
+    _, _, ranked = verifier.plan_ranking(np.array([0]), np.array([3]), np.array([1]), 1)
+    assert np.allclose(ranked, [[0.9, 0.81, 0.729]])
+    assert verifier.recut(ranked, 3, 1, 1, 1, 3) == 3
+    assert verifier.recut(ranked, 3, 2, 21, 1, 3) == 3
+    assert verifier.recut(ranked, 3, 2, 38, 1, 3) == 2

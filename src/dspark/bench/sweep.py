@@ -164,6 +164,7 @@ class Measurement:
     lookahead_plans: int = 0  # adaptive: of the hits, budgets planned ahead too
     drafting_plans: int = 0  # adaptive: budgets planned while the drafter ran
     share_plans: int = 0  # adaptive: budgets summed from shares planned ahead (changed batch)
+    recut_plans: int = 0  # adaptive: budgets of a prompt-chunk step recut from the ranking ahead
     lookahead_reused: int = 0  # adaptive: depths decided ahead for a batch that changed
     heap_frozen: bool = False  # the start-up heap frozen for the run (``--freeze-gc``)
     gc_full: int = 0  # full (oldest-generation) collections while measuring
@@ -269,6 +270,7 @@ def measure(
         lookahead_plans=stats.lookahead_plans,
         drafting_plans=stats.drafting_plans,
         share_plans=stats.share_plans,
+        recut_plans=stats.recut_plans,
         lookahead_us_per_step=sum(stats.lookahead_ms) * 1e3 / max(stats.num_steps, 1),
         heap_frozen=freeze_gc,
         gc_full=pauses.counts[2],
@@ -537,6 +539,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "lookahead_plans",
         "drafting_plans",
         "share_plans",
+        "recut_plans",
         "lookahead_reused",
         "gc_full",
         "gc_full_s",

@@ -107,15 +107,17 @@ class EngineConfig:
     # ahead, but that is not exactly them (one finished or nears its length limit), takes
     # as its budget the sum of its requests' shares of the budget planned ahead
     # (``AdaptiveVerifier.plan_shares``) instead of planning in the step (while the
-    # drafter runs, which a launch-bound target does not hide): "decode" (only a batch
-    # without a prompt chunk), "all" (a batch with a prompt chunk too), "off" (every
-    # budget is the one the step would plan). A prompt chunk moves the step's token count
-    # along the captured sizes, so shares priced for the decodes alone cut the drafts
-    # where the decodes' step is cheap, not where the step with the chunk is: by the 8B
-    # shape's H200 profile at 256 requests such steps emit 3.6% fewer tokens a ms with
-    # them ("all") than planned ("decode"; ``scripts/mixed_step_model.py``), and on the
-    # H200 "decode" ran 1.028x "all" (paired median of five runs; docs/bench/h200_8b.md,
-    # session 27).
+    # drafter runs, which a launch-bound target does not hide). A prompt chunk moves the
+    # step's token count along the captured sizes, so shares priced for the decodes alone
+    # cut such a step's drafts where the decodes' step is cheap, not where the step with
+    # the chunk is: "decode" gives a batch with a prompt chunk the ranking that plan made
+    # of its decoding requests, cut again at the step's own prices
+    # (``AdaptiveVerifier.recut``: the step's own plan but for the batch-level shrink,
+    # without reading the slots again), "all" gives it the shares too, "off" plans every
+    # changed batch in the step. By the 8B shape's H200 profile at 256 requests steps
+    # with a chunk emit 3.6% fewer tokens a ms with "all" than planned in the step
+    # (``scripts/mixed_step_model.py``), and on the H200 planning them in the step ran
+    # 1.028x "all" (paired median of five runs; docs/bench/h200_8b.md, session 27).
     lookahead_shares: str = "decode"
     # Adaptive: correct the survival every plan prices by how verified drafts fared
     # against their confidences, per position (``AdaptiveVerifier.record_outcomes``).
@@ -231,6 +233,10 @@ class EngineStats:
     # Adaptive: steps whose batch changed and took the sum of its requests' shares of the
     # budget planned ahead (``EngineConfig.lookahead_shares``).
     share_plans: int = 0
+    # Adaptive: steps with a prompt chunk whose budget was the look-ahead's ranking cut
+    # again at the step's own prices (``AdaptiveVerifier.recut``; lookahead_shares
+    # "decode").
+    recut_plans: int = 0
     capture_steps: int = 0  # steps that captured a CUDA graph (a one-time cost per shape)
     # Host phases of a step (ms, no device sync): drafting as a whole (gate, proposal,
     # budget, allocation), verification and emission, the drafter's context update.
@@ -358,13 +364,14 @@ class LLMEngine:
         # decodes with a full K each), and a budget planned early for the step under way:
         # (step, drafts per request it assumed (a depth for every request, a [num_reqs]
         # array, or a list in decoding order), budget, where it came from: "ahead" (the
-        # look-ahead), "drafting" (``_plan_while_drafting``) or "shares"
+        # look-ahead), "drafting" (``_plan_while_drafting``), "shares" or "recut"
         # (``_shared_budget``)).
         self._ahead: tuple[int, np.ndarray, int, int, int | None, list[int]] | None = None
         self._planned: tuple[int, int | np.ndarray | list[int], int, str] | None = None
-        # Adaptive: each request's share of the budget planned ahead (step it is for,
-        # depth, {slot: admitted drafts}; ``EngineConfig.lookahead_shares``).
-        self._shares: tuple[int, int, dict[int, int]] | None = None
+        # Adaptive: each request's share of the budget planned ahead, and the survival
+        # that plan ranked (step it is for, depth, {slot: admitted drafts}, [n, K]
+        # survival or None, {slot: its row}; ``EngineConfig.lookahead_shares``).
+        self._shares: tuple | None = None
         # Adaptive, ``calibrate_survival``: this step's decoding requests' confidences (as
         # the allocation saw them), and the last step's verified outcome waiting to be
         # learnt (confidences, admitted, accepted).
@@ -770,8 +777,8 @@ class LLMEngine:
             return None
         limit_list = limits.tolist()
         shared = self._shared_budget(batch, limit_list)
-        if shared is not None:  # the look-ahead's shares cover this batch: nothing to plan
-            self._planned = (self._step_index, limit_list, shared, "shares")
+        if shared is not None:  # the look-ahead's ranking covers this batch: nothing to plan
+            self._planned = (self._step_index, limit_list, *shared)
             return None
         num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
         num_drafts[batch.decode_index] = limits
@@ -784,22 +791,43 @@ class LLMEngine:
 
         return plan
 
-    def _shared_budget(self, batch: _Batch, counts: list[int]) -> int | None:
-        """The sum of the decoding requests' shares of the budget planned ahead, each at
-        most its ``counts`` (drafts, in decoding order), or None when the shares do not
-        cover this step: planned for another step or depth, a decoding request was not
-        planned for, or (``lookahead_shares="decode"``) a prompt chunk shares the step
-        (``EngineConfig.lookahead_shares``)."""
+    def _shared_budget(self, batch: _Batch, counts: list[int]) -> tuple[int, str] | None:
+        """The budget the look-ahead's plan gives this step without planning it, and how
+        (``EngineConfig.lookahead_shares``), or None when that plan does not cover the
+        step: planned for another step or depth, or a decoding request was not planned
+        for. A step of decodes alone takes the sum of its decoding requests' shares, each
+        at most its ``counts`` (drafts, in decoding order; "shares"), as does, with "all",
+        a step that carries a prompt chunk; with "decode" such a step takes the plan's
+        ranking of its decoding requests cut again at its own prices ("recut",
+        ``AdaptiveVerifier.recut``): the chunk's tokens move the step along the captured
+        sizes."""
         shares = self._shares
         if shares is None or shares[0] != self._step_index or not counts:
             return None
         priced = self._priced_step  # (num_reqs, num_tokens, depth, context)
         if priced is None or priced[2] != shares[1]:
             return None
-        if priced[1] != priced[0] and self.config.lookahead_shares == "decode":
-            return None  # the chunk's tokens move the step along the captured sizes
-        of_slot = shares[2]
+        _, depth, of_slot, survival, row_of = shares
         slot_list = batch.slot_list
+        if priced[1] != priced[0] and self.config.lookahead_shares == "decode":
+            if survival is None:
+                return None
+            rows = [row_of.get(slot_list[i]) for i in batch.decode_list]
+            if None in rows:
+                return None
+            picked = survival[rows]  # a copy, in decoding order
+            if min(counts) < depth:  # a request near its length limit drafted fewer
+                picked *= np.arange(picked.shape[1]) < np.array(counts)[:, None]
+            budget = self.verifier.recut(
+                picked,
+                sum(counts),
+                priced[0],
+                priced[1],
+                batch.num_sampling,
+                max(counts),
+                batch.context,
+            )
+            return budget, "recut"
         budget = 0
         for i, count in zip(batch.decode_list, counts, strict=True):
             share = of_slot.get(slot_list[i])
@@ -810,7 +838,7 @@ class LLMEngine:
         # sampling request), as any plan is (``draft_cap``).
         verifier = self.verifier
         room = verifier.max_total_logits - len(slot_list) * verifier.num_bonus_tokens
-        return max(0, min(budget, room))
+        return max(0, min(budget, room)), "shares"
 
     def _plan_budget(self, batch: _Batch, num_drafts: np.ndarray) -> int:
         """The step's budget before its round is recorded, from what that record turns
@@ -978,9 +1006,12 @@ class LLMEngine:
         if depth and self.config.lookahead_shares != "off":
             # With each request's share, for a next batch of fewer of them, or (with
             # "all") with a prompt chunk besides (``_shared_budget``).
-            budget, shares = verifier.plan_shares(slots, ones * depth, ones, num_reqs, context)
+            budget, shares, ranked = verifier.plan_ranking(
+                slots, ones * depth, ones, num_reqs, context
+            )
             of_slot = dict(zip(slot_list, shares.tolist(), strict=True))
-            self._shares = (self._step_index + 1, depth, of_slot)
+            row_of = dict(zip(slot_list, range(num_reqs), strict=True))
+            self._shares = (self._step_index + 1, depth, of_slot, ranked, row_of)
             if not exact:
                 budget = None
         elif exact:
@@ -1049,16 +1080,22 @@ class LLMEngine:
                 self.stats.lookahead_plans += 1
             elif source == "drafting":
                 self.stats.drafting_plans += 1
+            elif source == "recut":
+                self.stats.recut_plans += 1
             else:
                 self.stats.share_plans += 1
         else:
-            budget = self._shared_budget(batch, counts)
-            if budget is None:
+            shared = self._shared_budget(batch, counts)
+            if shared is None:
                 num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
                 num_drafts[decode_index] = counts
                 budget = self._plan_budget(batch, num_drafts)
             else:
-                self.stats.share_plans += 1
+                budget, source = shared
+                if source == "recut":
+                    self.stats.recut_plans += 1
+                else:
+                    self.stats.share_plans += 1
         # Only requests with drafts have confidences to record (one at its length limit, or
         # not yet ready to draft, proposed none: no round of its own).
         if all(counts):  # the usual case: no copies to select the drafted rows

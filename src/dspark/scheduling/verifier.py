@@ -366,16 +366,60 @@ class AdaptiveVerifier:
         same marginal survival cut at about the same step cost, not the budget the seed's
         search would give the smaller batch; it reads only recorded confidences, so it
         is as lossless as ``plan``."""
+        budget, shares, _ = self.plan_ranking(
+            slots, num_drafts, num_non_draft, num_sampling, context_tokens
+        )
+        return budget, shares
+
+    def plan_ranking(
+        self,
+        slots: np.ndarray,
+        num_drafts: np.ndarray,
+        num_non_draft: np.ndarray,
+        num_sampling: int,
+        context_tokens: int = 0,
+    ) -> tuple[int, np.ndarray, np.ndarray | None]:
+        """``plan_shares`` and the ``[num_reqs, K]`` survival its plan ranked (shrunk,
+        calibrated, zero past each request's drafts; None when nothing can be verified),
+        for ``recut``."""
         budget, survival = self._planned_survival(
             slots, num_drafts, num_non_draft, num_sampling, context_tokens, True
         )
         drafts = np.asarray(num_drafts, dtype=np.int64)
         total = int(drafts.sum())
         if survival is None or budget == 0:
-            return budget, np.zeros(drafts.shape[0], dtype=np.int64)
+            return budget, np.zeros(drafts.shape[0], dtype=np.int64), survival
         if budget >= total:
-            return budget, drafts.copy()
-        return budget, admit_top_slots(survival.T.copy(), drafts, budget)
+            return budget, drafts.copy(), survival
+        return budget, admit_top_slots(survival.T.copy(), drafts, budget), survival
+
+    def recut(
+        self,
+        survival: np.ndarray,
+        num_drafts: int,
+        num_reqs: int,
+        num_tokens: int,
+        num_sampling: int,
+        depth: int,
+        context_tokens: int = 0,
+    ) -> int:
+        """The budget of a step whose drafting requests' rows ``plan_ranking`` ranked
+        ahead (``survival``: ``[m, K]``, those rows in any order, zeroed past each
+        request's ``num_drafts`` in total, drafting at most ``depth`` deep), priced at
+        this step's own shape: ``num_reqs`` requests and ``num_tokens`` non-draft tokens
+        (a prompt chunk's included), ``num_sampling`` of them sampling. The best budget
+        of that ranking at those prices, as ``plan`` prices a step (a prompt chunk's
+        drafts at their marginal cost), without reading the slots' state again: the
+        same budget as planning the step, whose drafting rows are these, when the
+        look-ahead's batch-level shrink left them as the step's own would (always with
+        ``predictiveness`` 1; the step's plan takes the rows of requests that do not
+        draft into the batch mean as well). Only recorded confidences went into the
+        rows, so it is as lossless as ``plan``."""
+        cap = draft_cap(num_drafts, num_reqs, self.max_total_logits, self.num_bonus_tokens)
+        if cap == 0:
+            return 0
+        costs, _ = self._plan_costs(num_reqs, num_tokens, cap, context_tokens, depth)
+        return best_budget(survival, cap, int(num_sampling), costs)
 
     def _planned_survival(
         self, slots, num_drafts, num_non_draft, num_sampling, context_tokens, ahead
@@ -513,6 +557,15 @@ class AdaptiveVerifier:
         if not drafts.is_full:
             survival *= drafts.counts[:, None] > np.arange(k)
             depth = int(np.maximum.reduce(drafts.counts))
+        costs, drafter_ms = self._plan_costs(num_reqs, num_tokens, cap, context_tokens, depth)
+        return survival, costs, drafter_ms  # survival: [num_reqs, K]
+
+    def _plan_costs(
+        self, num_reqs: int, num_tokens: int, cap: int, context_tokens: int, depth: int
+    ) -> tuple[np.ndarray, float | None]:
+        """The step's cost for budgets ``0..cap`` as a plan prices it, and the drafter's
+        share of it (None for a model without a drafter price; the drafter priced at
+        ``depth``)."""
         costs = self.cost_model.step_costs_ms(num_reqs, num_tokens, cap, context_tokens)
         if num_tokens > num_reqs:
             # A prompt chunk shares the step: its tokens are computed whatever is drafted,
@@ -524,10 +577,10 @@ class AdaptiveVerifier:
         draft_cost = getattr(self.cost_model, "draft_cost_ms", None)
         if draft_cost is not None:
             drafter_ms = full = draft_cost(num_reqs)
-            if depth < k:  # drafted shallower than the block: that depth's price
+            if depth < self.num_positions:  # drafted shallower than the block: its price
                 drafter_ms = draft_cost(num_reqs, depth)
                 costs = costs + (drafter_ms - full)
-        return survival, costs, drafter_ms  # survival: [num_reqs, K]
+        return costs, drafter_ms
 
     def allocate(self, slots: np.ndarray, num_drafts: np.ndarray, budget: int) -> np.ndarray:
         """Admitted drafts per request: the budget's slots of highest fresh survival."""
