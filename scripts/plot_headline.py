@@ -67,6 +67,7 @@ PANELS = [
             ("s26 af53c21", "cpu_session26_mainjob_af53c21"),
             ("s26 037a99c", "cpu_session26_mainjob_037a99c"),
             ("s27 42c4998", "cpu_session27_mainjob_42c4998"),
+            ("s27 2cf95a1", "cpu_session27_mainjob_2cf95a1"),
         ],
     ),
 ]
