@@ -39,6 +39,20 @@ class FrozenCost(ObservedDraftCost):
         pass
 
 
+def config_field(name: str, text: str) -> tuple[str, object]:
+    """``NAME=VALUE`` from a command line as the ``EngineConfig`` field, typed as its
+    default is: on/off for a switch, none, a number, else the word."""
+    default = getattr(EngineConfig(), name)
+    if isinstance(default, bool):
+        return name, {"on": True, "off": False}[text]
+    if text == "none":
+        return name, None
+    try:
+        return name, float(text)
+    except ValueError:
+        return name, text
+
+
 def frozen_engine(
     profile: EngineProfile,
     concurrency: int,

@@ -20,7 +20,7 @@ from collections import Counter
 
 import numpy as np
 import torch
-from depth_decisions import frozen_engine  # this directory: the profile's prices, frozen
+from depth_decisions import config_field, frozen_engine  # this directory
 
 from dspark.engine.profiling import EngineProfile
 from dspark.engine.replay import AcceptanceTrace
@@ -32,10 +32,7 @@ PLAN_COUNTS = ("lookahead_hits", "lookahead_reused", "drafting_plans", "share_pl
 def main() -> None:
     profile = EngineProfile.load(sys.argv[1])
     concurrency, num_requests = int(sys.argv[2]), int(sys.argv[3])
-    fields = {
-        name: {"on": True, "off": False}.get(value, value)
-        for name, value in (arg.split("=", 1) for arg in sys.argv[4:])
-    }
+    fields = dict(config_field(*arg.split("=", 1)) for arg in sys.argv[4:])
     torch.manual_seed(0)
     torch.set_num_threads(2)
     trace = AcceptanceTrace.resolve("published:chat")

@@ -11,6 +11,7 @@ forward, where a device would wait.
     PYTHONPATH=src python3 scripts/host_path_time.py [CONCURRENCY]
 """
 
+import dataclasses
 import sys
 import time
 
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from dspark.bench.sweep import Replay, Setting, closed_loop, engine_for
+from dspark.engine.engine import LLMEngine
 from dspark.engine.replay import AcceptanceTrace, random_draft_model
 from dspark.engine.sampling import SamplingParams
 from dspark.models.shapes import random_model
@@ -33,8 +35,9 @@ class Args:
     graph_padding_budget = 4.0
 
 
-def main() -> None:
-    concurrency = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+def host_path_engine(concurrency: int, **fields) -> tuple[LLMEngine, list[list[int]]]:
+    """The engine this script times (``fields`` override its ``EngineConfig``) and six
+    times ``concurrency`` random prompts for it."""
     torch.manual_seed(0)
     loaded = random_model(Args.shape, torch.float32, "cpu")
     replay = Replay(random_draft_model(loaded), AcceptanceTrace.resolve("published:chat"))
@@ -44,11 +47,19 @@ def main() -> None:
         rng.integers(3, vocab, int(n)).tolist() for n in rng.integers(16, 200, 6 * concurrency)
     ]
     engine = engine_for(loaded, Setting("adaptive", 7), concurrency, Args, replay)
+    if fields:
+        engine.config = dataclasses.replace(engine.config, **fields)
     engine.lookahead = True
     engine.gate = None
     cost = engine.verifier.cost_model
     cost.draft_costs_by_depth = lambda num_reqs, k: np.r_[0.0, np.full(k, 0.01)]
     cost.draft_cost_ms = lambda num_reqs, depth=None: 0.01
+    return engine, prompts
+
+
+def main() -> None:
+    concurrency = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+    engine, prompts = host_path_engine(concurrency)
     phases = ("_batch_shape", "_drafting_depth", "_admit_adaptively", "_look_ahead")
     times: dict[str, list[float]] = {name: [] for name in phases}
     for name in phases:

@@ -22,25 +22,11 @@ from collections import Counter
 
 import numpy as np
 import torch
-from depth_decisions import frozen_engine  # this directory: the profile's prices, frozen
+from depth_decisions import config_field, frozen_engine  # this directory
 
-from dspark.engine.engine import EngineConfig
 from dspark.engine.profiling import EngineProfile
 from dspark.engine.replay import AcceptanceTrace
 from dspark.engine.sampling import SamplingParams
-
-
-def _field(name: str, text: str) -> tuple[str, object]:
-    """An ``EngineConfig`` field from the command line, typed as its default is."""
-    default = getattr(EngineConfig(), name)
-    if isinstance(default, bool):
-        return name, {"on": True, "off": False}[text]
-    if text == "none":
-        return name, None
-    try:
-        return name, float(text)
-    except ValueError:
-        return name, text
 
 
 def main() -> None:
@@ -51,7 +37,7 @@ def main() -> None:
     offset = 0
     if rest[:1] == ["--offset"]:
         offset, rest = int(rest[1]), rest[2:]
-    fields = dict(_field(*arg.split("=", 1)) for arg in rest)
+    fields = dict(config_field(*arg.split("=", 1)) for arg in rest)
     torch.manual_seed(0)
     torch.set_num_threads(2)
     trace = AcceptanceTrace.resolve("published:chat")

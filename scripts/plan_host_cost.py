@@ -14,37 +14,19 @@ target's host path can be read off: plans and recuts, their median host time on 
 CPU and their sum over the steps.
 """
 
-import dataclasses
 import sys
 import time
 
 import numpy as np
-import torch
-from host_path_time import Args  # this directory
+from host_path_time import Args, host_path_engine  # this directory
 
-from dspark.bench.sweep import Replay, Setting, closed_loop, engine_for
-from dspark.engine.replay import AcceptanceTrace, random_draft_model
+from dspark.bench.sweep import closed_loop
 from dspark.engine.sampling import SamplingParams
-from dspark.models.shapes import random_model
 
 
 def main() -> None:
     concurrency, mode = int(sys.argv[1]), sys.argv[2]
-    torch.manual_seed(0)
-    loaded = random_model(Args.shape, torch.float32, "cpu")
-    replay = Replay(random_draft_model(loaded), AcceptanceTrace.resolve("published:chat"))
-    rng = np.random.default_rng(0)  # random prompts: the tiny shape has no tokenizer
-    vocab = loaded.config.vocab_size
-    prompts = [
-        rng.integers(3, vocab, int(n)).tolist() for n in rng.integers(16, 200, 6 * concurrency)
-    ]
-    engine = engine_for(loaded, Setting("adaptive", 7), concurrency, Args, replay)
-    engine.config = dataclasses.replace(engine.config, lookahead_shares=mode)
-    engine.lookahead = True
-    engine.gate = None
-    cost = engine.verifier.cost_model
-    cost.draft_costs_by_depth = lambda num_reqs, k: np.r_[0.0, np.full(k, 0.01)]
-    cost.draft_cost_ms = lambda num_reqs, depth=None: 0.01
+    engine, prompts = host_path_engine(concurrency, lookahead_shares=mode)
     times: list[float] = []
     plan_budget = engine._plan_budget
 

@@ -842,3 +842,24 @@ def test_recut_by_hand():
     assert verifier.recut(ranked, 3, 1, 1, 1, 3) == 3
     assert verifier.recut(ranked, 3, 2, 21, 1, 3) == 3
     assert verifier.recut(ranked, 3, 2, 38, 1, 3) == 2
+
+
+def test_recut_rejects_bad_input():
+    """``recut`` names what is wrong: rows of another K, more rows than requests, fewer
+    tokens than requests, more sampling than requests, a depth past K."""
+    verifier = make(4, 3)
+    rows = np.full((2, 3), 0.5)
+    for kwargs, named in [
+        ({"survival": np.full((2, 4), 0.5)}, "survival must be"),
+        ({"num_reqs": 1}, "more than num_reqs"),
+        ({"num_tokens": 1}, "num_tokens must be"),
+        ({"num_sampling": 3}, "num_sampling must be"),
+        ({"depth": 4}, "depth must be"),
+        ({"num_drafts": -1}, "num_drafts must be"),
+    ]:
+        args = {"survival": rows, "num_drafts": 6, "num_reqs": 2, "num_tokens": 2}
+        args |= {"num_sampling": 2, "depth": 3} | kwargs
+        with pytest.raises(ValueError, match=named):
+            verifier.recut(**args)
+    # The same arguments, valid: every draft pays at 0.25 ms a token on a 1 ms step.
+    assert verifier.recut(rows, 6, 2, 2, 2, 3) == 6

@@ -371,7 +371,9 @@ class LLMEngine:
         # Adaptive: each request's share of the budget planned ahead, and the survival
         # that plan ranked (step it is for, depth, {slot: admitted drafts}, [n, K]
         # survival or None, {slot: its row}; ``EngineConfig.lookahead_shares``).
-        self._shares: tuple | None = None
+        self._shares: tuple[int, int, dict[int, int], np.ndarray | None, dict[int, int]] | None = (
+            None
+        )
         # Adaptive, ``calibrate_survival``: this step's decoding requests' confidences (as
         # the allocation saw them), and the last step's verified outcome waiting to be
         # learnt (confidences, admitted, accepted).
@@ -820,12 +822,12 @@ class LLMEngine:
                 picked *= np.arange(picked.shape[1]) < np.array(counts)[:, None]
             budget = self.verifier.recut(
                 picked,
-                sum(counts),
-                priced[0],
-                priced[1],
-                batch.num_sampling,
-                max(counts),
-                batch.context,
+                num_drafts=sum(counts),
+                num_reqs=priced[0],
+                num_tokens=priced[1],
+                num_sampling=batch.num_sampling,
+                depth=max(counts),
+                context_tokens=batch.context,
             )
             return budget, "recut"
         budget = 0

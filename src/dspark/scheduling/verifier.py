@@ -415,6 +415,21 @@ class AdaptiveVerifier:
         ``predictiveness`` 1; the step's plan takes the rows of requests that do not
         draft into the batch mean as well). Only recorded confidences went into the
         rows, so it is as lossless as ``plan``."""
+        k = self.num_positions
+        if survival.ndim != 2 or survival.shape[1] != k:
+            raise ValueError(f"survival must be [num_reqs, {k}], got shape {survival.shape}")
+        num_drafts = as_non_negative_int("num_drafts", num_drafts)
+        num_reqs = as_non_negative_int("num_reqs", num_reqs)
+        if survival.shape[0] > num_reqs:
+            raise ValueError(
+                f"survival has {survival.shape[0]} rows, more than num_reqs={num_reqs}"
+            )
+        if not num_tokens >= num_reqs:
+            raise ValueError(f"num_tokens must be at least num_reqs={num_reqs}, got {num_tokens}")
+        if not 0 <= num_sampling <= num_reqs:
+            raise ValueError(f"num_sampling must be in [0, {num_reqs}], got {num_sampling}")
+        if not 0 <= depth <= k:
+            raise ValueError(f"depth must be in [0, {k}], got {depth}")
         cap = draft_cap(num_drafts, num_reqs, self.max_total_logits, self.num_bonus_tokens)
         if cap == 0:
             return 0
