@@ -561,8 +561,10 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
     each one's drafts) cut at its own prices, under "all" the shares."""
     engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, shares="decode")
     engine._step_index = 5
-    # The look-ahead planned slots 0, 1, 2 (rows in that order) 3 deep.
-    ranked = np.array([[0.5, 0.45, 0.4], [0.3, 0.1, 0.05], [0.9, 0.8, 0.7]])
+    # The look-ahead planned slots 0, 1, 2 (rows in that order) 3 deep, K = 7: its rows
+    # are zero past position 3.
+    ranked = np.zeros((3, 7))
+    ranked[:, :3] = [[0.5, 0.45, 0.4], [0.3, 0.1, 0.05], [0.9, 0.8, 0.7]]
     engine._shares = (5, 3, {0: 3, 1: 2, 2: 0}, ranked, {0: 0, 1: 1, 2: 2})
     engine._priced_step = (3, 3, 3, 0)  # three requests, drafting 3 deep
     batch = _Batch(
