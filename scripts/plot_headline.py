@@ -36,6 +36,10 @@ PANELS = [
             ("s25 c1f747f", "h200/session25/b8_c64_x3"),
             ("s25 c1f747f", "h200/session25/b8_c256_x2"),
             ("s25 c1f747f", "h200/session25/b8_c256_noshare_x2"),
+            ("s28 9789a63", "h200/session28/recut_c256/run1"),
+            ("s28 9789a63", "h200/session28/recut_c256/run2"),
+            ("s28 9789a63", "h200/session28/recut_c256/run3"),
+            ("s28 9789a63", "h200/session28/recut_c256/run4"),
         ],
     ),
     (
@@ -47,6 +51,7 @@ PANELS = [
             ("s23 b6e3c79", "h200/session23/c64_x3_freezeyes"),
             ("s24 e34ef01", "h200/session24/cal_c16_64_x5"),
             ("s24 04de6db", "h200/session24/margin_c4_16_64_x5"),
+            ("s28 9789a63", "h200/session28/smollm2_c16_64"),
         ],
     ),
     (

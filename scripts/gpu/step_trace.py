@@ -98,6 +98,23 @@ def traced(engine, log):
     engine.scheduler.schedule = schedule_logged
 
 
+def busy_host_work(engine, micros: float) -> None:
+    """After each target forward is queued (where the look-ahead runs), ``micros`` of
+    small NumPy calls on the host, as the look-ahead's own."""
+    logits = engine.model.logits
+    rng = np.random.default_rng(0)
+    rows = rng.random((16, 7))
+
+    def queued_then_busy(hidden):
+        out = logits(hidden)
+        end = time.perf_counter() + micros * 1e-6
+        while time.perf_counter() < end:
+            np.cumprod(rows, axis=1).ravel().argsort()
+        return out
+
+    engine.model.logits = queued_then_busy
+
+
 def classify(entry, adaptive):
     if entry["capture"]:
         return "graph captured"
@@ -244,13 +261,24 @@ def main() -> None:
     params = SamplingParams(temperature=temperature, max_tokens=Args.max_tokens)
     warm_tokens = Args.max_tokens if full_warmup else max(4, Args.max_tokens // 4)
     warm = SamplingParams(temperature=temperature, max_tokens=warm_tokens)
-    settings = []
+    settings, arms = [], []
     for name in os.environ.get("SETTINGS", "fixed,adaptive").split(","):
-        spec, _, depth = name.partition(":")
+        # Diagnostic arms: "adaptive-nola" (the look-ahead off: every decision in the
+        # step), "fixed:3+busy" (fixed K with BUSY_US of NumPy host work queued after
+        # the forward, as the look-ahead's work is: does host work there slow the
+        # phases after it?).
+        base, busy = name.removesuffix("+busy"), name.endswith("+busy")
+        base, nola = base.removesuffix("-nola"), base.endswith("-nola")
+        spec, _, depth = base.partition(":")
         settings.append(Setting(spec, 0 if spec == "none" else int(depth or k)))
+        arms.append((name, nola, busy))
     for repeat in range(repeats):
-        for setting in settings:
+        for setting, (arm, nola, busy) in zip(settings, arms, strict=True):
             engine = engine_for(loaded, setting, concurrency, Args, replay)
+            if nola:
+                engine.lookahead = False
+            if busy:
+                busy_host_work(engine, float(os.environ.get("BUSY_US", "600")))
             closed_loop(engine, prompts[:num_warm], warm, concurrency)
             engine.stats.__init__()
             log = []
@@ -280,8 +308,8 @@ def main() -> None:
                 row[1] += entry["wall"]
                 row[2] += entry["tokens"]
             print(
-                f"\n=== c{concurrency} {setting.label} (repeat {repeat}): {tokens} tokens in "
-                f"{seconds:.3f} s ({tokens / seconds:.1f} tok/s), {len(log)} steps, step walls "
+                f"\n=== c{concurrency} {setting.label} [{arm}] (repeat {repeat}): {tokens} tokens "
+                f"in {seconds:.3f} s ({tokens / seconds:.1f} tok/s), {len(log)} steps, step walls "
                 f"sum {sum(e['wall'] for e in log) / 1e3:.3f} s"
             )
             header = ("class", "steps", "wall s", "ms/step", "tokens", "tok/ms")
