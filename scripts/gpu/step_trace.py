@@ -98,15 +98,18 @@ def traced(engine, log):
     engine.scheduler.schedule = schedule_logged
 
 
-def busy_host_work(engine, micros: float) -> None:
+def busy_host_work(engine, micros: float, asleep: bool = False) -> None:
     """After each target forward is queued (where the look-ahead runs), ``micros`` of
-    small NumPy calls on the host, as the look-ahead's own."""
+    small NumPy calls on the host, as the look-ahead's own (``asleep``: asleep)."""
     logits = engine.model.logits
     rng = np.random.default_rng(0)
     rows = rng.random((16, 7))
 
     def queued_then_busy(hidden):
         out = logits(hidden)
+        if asleep:
+            time.sleep(micros * 1e-6)
+            return out
         end = time.perf_counter() + micros * 1e-6
         while time.perf_counter() < end:
             np.cumprod(rows, axis=1).ravel().argsort()
@@ -267,18 +270,21 @@ def main() -> None:
         # step), "fixed:3+busy" (fixed K with BUSY_US of NumPy host work queued after
         # the forward, as the look-ahead's work is: does host work there slow the
         # phases after it?).
-        base, busy = name.removesuffix("+busy"), name.endswith("+busy")
+        # "+sleep": the same wait spent asleep (the device idles alike, the host's caches
+        # stay as they were).
+        base, sleep = name.removesuffix("+sleep"), name.endswith("+sleep")
+        base, busy = base.removesuffix("+busy"), base.endswith("+busy")
         base, nola = base.removesuffix("-nola"), base.endswith("-nola")
         spec, _, depth = base.partition(":")
         settings.append(Setting(spec, 0 if spec == "none" else int(depth or k)))
-        arms.append((name, nola, busy))
+        arms.append((name, nola, busy, sleep))
     for repeat in range(repeats):
-        for setting, (arm, nola, busy) in zip(settings, arms, strict=True):
+        for setting, (arm, nola, busy, sleep) in zip(settings, arms, strict=True):
             engine = engine_for(loaded, setting, concurrency, Args, replay)
             if nola:
                 engine.lookahead = False
-            if busy:
-                busy_host_work(engine, float(os.environ.get("BUSY_US", "600")))
+            if busy or sleep:
+                busy_host_work(engine, float(os.environ.get("BUSY_US", "600")), sleep)
             closed_loop(engine, prompts[:num_warm], warm, concurrency)
             engine.stats.__init__()
             log = []
