@@ -40,6 +40,9 @@ PANELS = [
             ("s28 9789a63", "h200/session28/recut_c256/run2"),
             ("s28 9789a63", "h200/session28/recut_c256/run3"),
             ("s28 9789a63", "h200/session28/recut_c256/run4"),
+            ("s28 9789a63", "h200/session28/b8_c4_x2"),
+            ("s28 9789a63", "h200/session28/b8_c16_x3"),
+            ("s28 9789a63", "h200/session28/b8_c64_x2"),
         ],
     ),
     (
@@ -52,6 +55,8 @@ PANELS = [
             ("s24 e34ef01", "h200/session24/cal_c16_64_x5"),
             ("s24 04de6db", "h200/session24/margin_c4_16_64_x5"),
             ("s28 9789a63", "h200/session28/smollm2_c16_64"),
+            # The engine's process held to two cores (taskset -c 2,3): no steadier.
+            ("s28 taskset", "h200/session28/smollm2_c16_64_pinned"),
         ],
     ),
     (
