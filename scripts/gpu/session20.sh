@@ -21,7 +21,7 @@ if [ "$1" = b8 ]; then  # no weights to stage: random ones
     --dtype bfloat16 --prompts .gpu/prompts.npz --max-tokens 128 --trace published:chat \
     --full-warmup --repeats ${REPEATS:-3} --concurrency ${CONC:-4 1} --fixed ${FIXED:-6} \
     --min-requests ${MINREQ:-24} \
-    --no-baseline $VARIANTS --out "$OUT/b8" 2>&1 \
+    --no-baseline ${VARIANTS:-} --out "$OUT/b8" 2>&1 \
     | grep -v "it/s\]\|s/it\]" | tail -${TAIL:-12}
   rm -rf "$OUT/b8/profiles"
   exit 0
@@ -39,7 +39,7 @@ case "$1" in
     timeout ${LIMIT:-400} python3 -m dspark.cli bench --model $G --device cuda --dtype bfloat16 \
       --prompts .gpu/prompts.npz --drafter dspark --fixed 3 --max-tokens 128 --full-warmup \
       --no-baseline --concurrency $CONC --min-requests 48 --repeats ${REPEATS:-9} $flag \
-      $VARIANTS --out "$OUT/$tag" 2>&1 | grep -v "it/s\]\|s/it\]" \
+      ${VARIANTS:-} --out "$OUT/$tag" 2>&1 | grep -v "it/s\]\|s/it\]" \
       | tail -${TAIL:-14}
     rm -rf "$OUT/$tag/profiles"
     python3 - "$OUT/$tag/bench.json" <<'PY'

@@ -1,6 +1,8 @@
-# GPU calls before bench_h200.sh when the checkout plus a GGUF half exceeds one call's
-# 64 MiB: park one carried quarter (.gpu/qN, named in the call's carry) on the machine.
-# The quarters are the halves split again (split -b 24M); bench_h200.sh joins them in
-# name order (gguf.0.aa, gguf.0.ab, gguf.1.aa, gguf.1.ab).
+# A GPU-machine call that parks one carried piece of the target GGUF (.gpu/NAME, named in
+# the call's carry) on the machine, for env.sh to join in name order
+# (`cat /root/stage/pieces/gguf.*`). `bash scripts/gpu/split_gguf.sh` cuts the pieces to
+# fit beside the checkout (64 MiB a call) and prints the calls; older sessions carried
+# quarters .gpu/q1 .. q4 the same way.
+#   bash scripts/gpu/stage_piece.sh NAME
 set -euo pipefail
 mkdir -p /root/stage/pieces && cp .gpu/"$1"/* /root/stage/pieces/ && ls -la /root/stage/pieces
