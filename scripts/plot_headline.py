@@ -78,6 +78,7 @@ PANELS = [
             ("s26 037a99c", "cpu_session26_mainjob_037a99c"),
             ("s27 42c4998", "cpu_session27_mainjob_42c4998"),
             ("s27 2cf95a1", "cpu_session27_mainjob_2cf95a1"),
+            ("s28 0a54856", "cpu_session28_mainjob_0a54856"),
         ],
     ),
 ]
