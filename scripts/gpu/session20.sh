@@ -41,6 +41,9 @@ case "$1" in
       --no-baseline --concurrency $CONC --min-requests 48 --repeats ${REPEATS:-9} $flag \
       ${VARIANTS:-} --out "$OUT/$tag" 2>&1 | grep -v "it/s\]\|s/it\]" \
       | tail -${TAIL:-14}
+    # The start-up profiles come back one folder up ($OUT/a/b/file is as deep as
+    # files come back): the verify price they give each token count, beside the steps'.
+    for f in "$OUT/$tag"/profiles/*.json; do [ -f "$f" ] && mv "$f" "$OUT/$tag/"; done
     rm -rf "$OUT/$tag/profiles"
     python3 - "$OUT/$tag/bench.json" <<'PY'
 import json, sys
