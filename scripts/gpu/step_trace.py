@@ -100,7 +100,8 @@ def traced(engine, log):
 
 def busy_host_work(engine, micros: float, asleep: bool = False) -> None:
     """After each target forward is queued (where the look-ahead runs), ``micros`` of
-    small NumPy calls on the host, as the look-ahead's own (``asleep``: asleep)."""
+    small NumPy calls on the host, as the look-ahead's own (``asleep``: that long asleep
+    instead)."""
     logits = engine.model.logits
     rng = np.random.default_rng(0)
     rows = rng.random((16, 7))
@@ -267,11 +268,10 @@ def main() -> None:
     settings, arms = [], []
     for name in os.environ.get("SETTINGS", "fixed,adaptive").split(","):
         # Diagnostic arms: "adaptive-nola" (the look-ahead off: every decision in the
-        # step), "fixed:3+busy" (fixed K with BUSY_US of NumPy host work queued after
-        # the forward, as the look-ahead's work is: does host work there slow the
-        # phases after it?).
-        # "+sleep": the same wait spent asleep (the device idles alike, the host's caches
-        # stay as they were).
+        # step), "fixed:3+busy" (fixed K with BUSY_US of NumPy host work after each
+        # forward is queued, where the look-ahead works: does host work there slow the
+        # phases after it?), "fixed:3+sleep" (that time asleep instead: the device
+        # idles alike, the host's caches stay as they were).
         base, sleep = name.removesuffix("+sleep"), name.endswith("+sleep")
         base, busy = base.removesuffix("+busy"), base.endswith("+busy")
         base, nola = base.removesuffix("-nola"), base.endswith("-nola")
