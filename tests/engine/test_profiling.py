@@ -1,6 +1,7 @@
 """Start-up profiling: what the drafter's price by depth is made of."""
 
 import numpy as np
+import pytest
 
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.engine.profiling import profile_engine
@@ -100,3 +101,23 @@ def test_a_slow_phase_of_the_machine_does_not_land_on_one_size(tiny):
     assert all(len(times) == PROFILE_REPLAYS for times in by_size.values())
     assert {float(np.median(times)) for times in by_size.values()} == {7.0}
     assert max(sum(t == 20.0 for t in times) for times in by_size.values()) <= 2
+
+
+def test_the_isotonic_fit_keeps_a_rise_that_a_slow_small_size_hides():
+    from dspark.engine.profiling import EngineProfile
+    from dspark.scheduling import StepTiming
+
+    medians = {1: 4.0, 2: 5.0, 4: 3.9, 8: 3.9, 16: 3.8, 32: 4.4, 48: 4.5}
+    samples = [
+        StepTiming(min(size, 8), size, ms + noise, 1.0, True)
+        for size, ms in medians.items()
+        for noise in (-0.1, 0.0, 0.1)
+    ]
+    profile = EngineProfile(samples, 8, 48, 48, 128, "m", "cuda", "torch.bfloat16")
+    seed, fitted = profile.tables.verify_ms, profile.cost_tables("isotonic").verify_ms
+    assert seed[16] == seed[32] == 5.0  # the running maximum: flat from 2 tokens up
+    assert fitted[32] - fitted[16] == pytest.approx(4.4 - (3.9 + 3.9 + 3.8 + 5.0) / 4)
+    assert fitted[17] == fitted[32]  # graph padding: 17 tokens pay for 32
+    assert (np.diff(fitted) >= 0).all()
+    with pytest.raises(ValueError, match="fit"):
+        profile.cost_tables("min")

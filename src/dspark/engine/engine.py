@@ -119,6 +119,13 @@ class EngineConfig:
     # (``scripts/mixed_step_model.py``), and on the H200 planning them in the step ran
     # 1.028x "all" (paired median of five runs; docs/bench/h200_8b.md, session 27).
     lookahead_shares: str = "decode"
+    # Adaptive: how the start-up profile's per-size medians are made non-decreasing
+    # before they price steps: "max", the seed's running maximum, or "isotonic", the
+    # closest non-decreasing curve in least squares
+    # (``dspark.scheduling.profiling.monotone_curve``). Where a step's time barely grows
+    # with its tokens (a small model replaying graphs), the running maximum carries one
+    # slow median to every larger size and prices the rise that is there flat.
+    profile_fit: str = "max"
     # Adaptive: correct the survival every plan prices by how verified drafts fared
     # against their confidences, per position (``AdaptiveVerifier.record_outcomes``).
     # A step's outcomes are learnt one step late (during the next forward with the
@@ -177,6 +184,8 @@ class EngineConfig:
             )
         if not 0.0 <= self.depth_margin < 1.0:
             raise ValueError(f"depth_margin must be in [0, 1), got {self.depth_margin}")
+        if self.profile_fit not in ("max", "isotonic"):
+            raise ValueError(f"profile_fit must be 'max' or 'isotonic', got {self.profile_fit!r}")
         if self.small_rows not in ("tune", "transposed"):
             raise ValueError(f"small_rows must be 'tune' or 'transposed', got {self.small_rows!r}")
         if self.allocation not in ("auto", "host", "device"):
@@ -432,8 +441,11 @@ class LLMEngine:
                 from dspark.engine.profiling import profile_engine
 
                 profile = profile_engine(self, path=self.config.profile_path)
+                fit = config.profile_fit
                 cost_model = ObservedDraftCost(
-                    profile.tables, depth_ms=profile.depth_costs(), num_positions=config.num_drafts
+                    profile.cost_tables(fit),
+                    depth_ms=profile.depth_costs(fit),
+                    num_positions=config.num_drafts,
                 )
             self.gate = ThroughputGate() if config.throughput_gate else None
             self.lookahead = config.lookahead == "on" or (

@@ -34,7 +34,7 @@ from dspark.scheduling import (
     cost_curves,
     profile_sizes,
 )
-from dspark.scheduling.profiling import median_curve
+from dspark.scheduling.profiling import median_curve, monotone_curve
 
 if TYPE_CHECKING:
     from dspark.engine.engine import LLMEngine
@@ -83,14 +83,20 @@ class EngineProfile:
 
     @property
     def tables(self) -> CostTables:
-        draft, verify = cost_curves(self.samples)
+        """The seed's tables: per-size medians made non-decreasing by a running maximum."""
+        return self.cost_tables("max")
+
+    def cost_tables(self, fit: str = "max") -> CostTables:
+        """The cost tables, the medians made non-decreasing by ``fit``: "max" (the seed's
+        running maximum) or "isotonic" (``monotone_curve``, least squares)."""
+        draft, verify = (_fitted(curve, fit) for curve in cost_curves(self.samples))
         return build_cost_tables(
             draft, verify, self.max_num_seqs, self.max_num_batched_tokens, self.cudagraph_limit
         )
 
-    def depth_costs(self) -> np.ndarray | None:
+    def depth_costs(self, fit: str = "max") -> np.ndarray | None:
         """``[K + 1, max_num_seqs + 1]`` drafter cost by drafting depth, or None when the
-        drafter was timed at full depth only."""
+        drafter was timed at full depth only (``fit`` as in ``cost_tables``)."""
         if not self.draft_depth_samples or self.num_drafts < 1:
             return None
         full, _ = cost_curves(self.samples)
@@ -99,6 +105,7 @@ class EngineProfile:
             grouped.setdefault(int(depth), []).append((int(num_reqs), float(ms)))
         curves = {depth: median_curve(points) for depth, points in grouped.items()}
         curves[self.num_drafts] = full
+        curves = {depth: _fitted(curve, fit) for depth, curve in curves.items()}
         return build_depth_costs(curves, self.num_drafts, self.max_num_seqs, self.cudagraph_limit)
 
     def save(self, path: Path) -> None:
@@ -196,6 +203,16 @@ def profile_engine(
     if path is not None:
         profile.save(Path(path))
     return profile
+
+
+PROFILE_FITS = ("max", "isotonic")
+
+
+def _fitted(curve: list[tuple[int, float]], fit: str) -> list[tuple[int, float]]:
+    if fit not in PROFILE_FITS:
+        raise ValueError(f"fit must be one of {PROFILE_FITS}, got {fit!r}")
+    # "max": the running maximum build_cost_tables takes anyway.
+    return monotone_curve(curve) if fit == "isotonic" else curve
 
 
 def current_row_plan(engine: LLMEngine) -> list[bool] | None:
