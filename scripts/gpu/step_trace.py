@@ -48,9 +48,62 @@ class Args:
     graph_padding_budget = 4.0  # as dspark bench (CAPTURE_AFTER_WASTE)
 
 
+def forward_probe(engine) -> dict:
+    """Splits each step's forward phase (``EngineStats.forward_ms``: from queueing the
+    target until its outputs are on the host) into the host's ``engine.forward`` call
+    (staging the batch, launching the graph: ``prep``), the look-ahead's host work
+    (``la``) and the target graph's own device time between CUDA events around its
+    replay (``gpu``; eager steps: none). Filled per step; ``take`` reads and clears it."""
+    probe: dict = {"prep": None, "la": None, "events": None}
+    forward, look_ahead = engine.forward, getattr(engine, "_look_ahead", None)
+
+    def timed_forward(*args, **kwargs):
+        start = time.perf_counter()
+        out = forward(*args, **kwargs)
+        probe["prep"] = (time.perf_counter() - start) * 1e3
+        return out
+
+    def timed_look_ahead(*args, **kwargs):
+        start = time.perf_counter()
+        out = look_ahead(*args, **kwargs)
+        probe["la"] = (time.perf_counter() - start) * 1e3
+        return out
+
+    engine.forward = timed_forward
+    if look_ahead is not None:
+        engine._look_ahead = timed_look_ahead
+    runner = engine.graphs
+    if runner is not None and runner.capture:
+        graph = runner._graph
+
+        def timed_graph(shape):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            out = graph(shape)
+            end.record()
+            probe["events"] = (begin, end)
+            return out
+
+        runner._graph = timed_graph
+
+    def take() -> dict:
+        events = probe["events"]
+        gpu = None
+        if events is not None:
+            events[1].synchronize()
+            gpu = events[0].elapsed_time(events[1])
+        out = {"prep": probe["prep"], "la": probe["la"], "gpu": gpu}
+        probe.update(prep=None, la=None, events=None)
+        return out
+
+    probe["take"] = take
+    return probe
+
+
 def traced(engine, log):
     step, schedule = engine.step, engine.scheduler.schedule
     scheduled = []
+    probe = forward_probe(engine)
 
     def schedule_logged(*args, **kwargs):
         chunks = schedule(*args, **kwargs)
@@ -71,9 +124,11 @@ def traced(engine, log):
             len(stats.draft_phase_ms),
         )
         scheduled.clear()
+        probe["take"]()
         start = time.perf_counter()
         out = step()
         wall = (time.perf_counter() - start) * 1e3
+        split = probe["take"]()
         chunks, prompt_tokens = scheduled[0] if scheduled else ([], 0)
         log.append(
             {
@@ -90,6 +145,7 @@ def traced(engine, log):
                 "forward": stats.forward_ms[-1] if len(stats.forward_ms) > forwards else None,
                 "apply": stats.apply_ms[-1] if len(stats.apply_ms) > applies else None,
                 "phase": (stats.draft_phase_ms[-1] if len(stats.draft_phase_ms) > phases else None),
+                **split,
             }
         )
         return out
@@ -175,7 +231,7 @@ def print_full_batch_by_depth(log, num_reqs, adaptive) -> None:
     budget, allocation) and of the step's wall outside the three phases (``rest``:
     scheduling, packing the batch, the gate's and cost model's records after apply);
     and for adaptive the depth chosen, step by step."""
-    rows = defaultdict(lambda: [0, 0.0, 0, [], [], [], [], [], []])
+    rows = defaultdict(lambda: [0, 0.0, 0, [], [], [], [], [], [], [], [], []])
     sequence = []
     for entry in log:
         if entry["num_reqs"] != num_reqs or not classify(entry, adaptive).startswith("decode"):
@@ -188,7 +244,14 @@ def print_full_batch_by_depth(log, num_reqs, adaptive) -> None:
         row[1] += entry["wall"]
         row[2] += entry["tokens"]
         row[3].append(entry["wall"])
-        for column, name in ((4, "drafter"), (5, "forward"), (6, "apply")):
+        for column, name in (
+            (4, "drafter"),
+            (5, "forward"),
+            (6, "apply"),
+            (9, "prep"),
+            (10, "la"),
+            (11, "gpu"),
+        ):
             if entry[name] is not None:
                 row[column].append(entry[name])
         if None not in (entry["phase"], entry["forward"], entry["apply"]):
@@ -200,11 +263,23 @@ def print_full_batch_by_depth(log, num_reqs, adaptive) -> None:
 
     cells = [
         f"{depth}: {steps} x {wall / steps:.2f} ms (p50 {p50(walls):.2f}; drafter "
-        f"{p50(drafter):.2f}, forward {p50(forward):.2f}, apply {p50(apply):.2f}, decide "
-        f"{p50(decide):.3f}, rest {p50(rest):.3f}), {toks / steps:.1f} tok"
-        for depth, (steps, wall, toks, walls, drafter, forward, apply, decide, rest) in sorted(
-            rows.items(), key=lambda kv: str(kv[0])
-        )
+        f"{p50(drafter):.2f}, forward {p50(forward):.2f} [host call {p50(prep):.2f}, "
+        f"look-ahead {p50(la):.2f}, graph on device {p50(gpu):.2f}], apply {p50(apply):.2f}, "
+        f"decide {p50(decide):.3f}, rest {p50(rest):.3f}), {toks / steps:.1f} tok"
+        for depth, (
+            steps,
+            wall,
+            toks,
+            walls,
+            drafter,
+            forward,
+            apply,
+            decide,
+            rest,
+            prep,
+            la,
+            gpu,
+        ) in sorted(rows.items(), key=lambda kv: str(kv[0]))
     ]
     print(f"  full-batch ({num_reqs}) decode steps by depth:", "; ".join(cells) or "none")
     if adaptive and sequence:  # the depth chosen, step by step (runs: depth x count)
