@@ -403,3 +403,32 @@ def test_observed_draft_cost_prices_asked_between_measurements_are_never_stale(e
                 model.record_step(n, n, n * d // 2, d, ms)
         prices(asked)
     assert prices(asked) == prices(fresh)
+
+
+def test_overheads_by_depth_follow_a_step_that_a_line_smooths_away():
+    from dspark.scheduling import build_depth_costs
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    # Verify T tokens: 10 + T ms; drafting d deep: d ms; K = 5. At 4 requests a step
+    # drafted d deep with 4d drafts is priced 10 + 4 + 4d + d = 14 + 5d.
+    tables = build_cost_tables([(1, 5.0), (8, 5.0)], [(1, 11.0), (2, 12.0), (64, 74.0)], 8, 64, 1)
+    depth = build_depth_costs({1: [(1, 1.0), (8, 1.0)], 5: [(1, 5.0), (8, 5.0)]}, 5, 8)
+    line, own = (
+        ObservedDraftCost(tables, depth_ms=depth, overhead_fit=f) for f in ("line", "depth")
+    )
+    # What steps miss: 1 ms at depths 2 and 3, 1.6 ms at depth 4 (a step, not a line).
+    for missed_by_depth in ({2: 1.0, 3: 1.0, 4: 1.6},) * 3:
+        for d, missed in missed_by_depth.items():
+            for cost in (line, own):
+                cost.record_step(4, 4, 4 * d, d, 14.0 + 5.0 * d + missed)
+    # Siegel's line through (2, 1), (3, 1), (4, 1.6): slopes 0.3 from every depth's
+    # median view, intercept 0.4: 1.0, 1.3, 1.6. Its own medians: 1.0, 1.0, 1.6.
+    assert [line.overhead_ms(4, d) for d in (2, 3, 4)] == pytest.approx([1.0, 1.3, 1.6])
+    assert [own.overhead_ms(4, d) for d in (2, 3, 4)] == pytest.approx([1.0, 1.0, 1.6])
+    # Depths not measured three times take the line, as before.
+    assert own.overhead_ms(4, 5) == pytest.approx(line.overhead_ms(4, 5)) == pytest.approx(1.9)
+    np.testing.assert_allclose(
+        own.draft_costs_by_depth(4, 5)[1:], [1.0 + 0.7, 2.0 + 1.0, 3.0 + 1.0, 4.0 + 1.6, 5.0 + 1.9]
+    )
+    with pytest.raises(ValueError, match="overhead_fit"):
+        ObservedDraftCost(tables, overhead_fit="median")

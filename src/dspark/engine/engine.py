@@ -126,6 +126,11 @@ class EngineConfig:
     # with its tokens (a small model replaying graphs), the running maximum carries one
     # slow median to every larger size and prices the rise that is there flat.
     profile_fit: str = "max"
+    # Adaptive: what drafted steps cost beyond their profiled price, by drafting depth:
+    # "line", a robust line in the depth through the measured steps
+    # (``ObservedDraftCost``), or "depth", each depth's own median where it was measured
+    # often enough, the line elsewhere.
+    overhead_fit: str = "line"
     # Adaptive: correct the survival every plan prices by how verified drafts fared
     # against their confidences, per position (``AdaptiveVerifier.record_outcomes``).
     # A step's outcomes are learnt one step late (during the next forward with the
@@ -186,6 +191,8 @@ class EngineConfig:
             raise ValueError(f"depth_margin must be in [0, 1), got {self.depth_margin}")
         if self.profile_fit not in ("max", "isotonic"):
             raise ValueError(f"profile_fit must be 'max' or 'isotonic', got {self.profile_fit!r}")
+        if self.overhead_fit not in ("line", "depth"):
+            raise ValueError(f"overhead_fit must be 'line' or 'depth', got {self.overhead_fit!r}")
         if self.small_rows not in ("tune", "transposed"):
             raise ValueError(f"small_rows must be 'tune' or 'transposed', got {self.small_rows!r}")
         if self.allocation not in ("auto", "host", "device"):
@@ -446,6 +453,7 @@ class LLMEngine:
                     profile.cost_tables(fit),
                     depth_ms=profile.depth_costs(fit),
                     num_positions=config.num_drafts,
+                    overhead_fit=config.overhead_fit,
                 )
             self.gate = ThroughputGate() if config.throughput_gate else None
             self.lookahead = config.lookahead == "on" or (

@@ -244,9 +244,12 @@ class ObservedDraftCost:
         decay: float = 0.8,
         depth_ms: np.ndarray | None = None,
         num_positions: int | None = None,
+        overhead_fit: str = "line",
     ) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
+        if overhead_fit not in ("line", "depth"):
+            raise ValueError(f"overhead_fit must be 'line' or 'depth', got {overhead_fit!r}")
         if depth_ms is not None:
             depth_ms = np.asarray(depth_ms, dtype=np.float64)
             if depth_ms.ndim != 2 or depth_ms.shape[0] < 2 or depth_ms.shape[1] < 1:
@@ -268,6 +271,12 @@ class ObservedDraftCost:
         self._overhead: dict[tuple[int, bool], tuple[float, float]] = {}
         # Drafted buckets whose window holds one depth so far: that depth.
         self._one_depth: dict[tuple[int, bool], int] = {}
+        # overhead_fit "depth": drafted buckets' own median at each depth the window
+        # holds ``LINE_MIN_STEPS`` times or more (other depths: the line), for costs that
+        # do not grow as a line does (SmolLM2 on an H200 at 16 requests, session 29:
+        # steps drafted 4 deep or more ran ~0.6 ms longer than 2-3 deep ones).
+        self.overhead_fit = overhead_fit
+        self._depth_medians: dict[tuple[int, bool], dict[int, float]] = {}
         # Prices asked for since the last measurement, by (request count, depth): a
         # step's decisions ask for the same few several times (the depth, then the
         # budget: four calls of ``draft_cost_ms`` each), and each is a dozen calls of
@@ -328,7 +337,13 @@ class ObservedDraftCost:
         intercept, slope = self._overhead[key]
         measured = self._one_depth.get(key)
         if measured is None:
-            return intercept + slope * depths
+            line = intercept + slope * depths
+            own = self._depth_medians.get(key)
+            if not own:
+                return line
+            if np.ndim(depths) == 0:
+                return own.get(int(depths), line)
+            return np.array([own.get(int(d), v) for d, v in zip(depths, line, strict=True)])
         undrafted = self._fit(num_reqs, True)
         start = 0.0 if undrafted is None else undrafted[0]
         if intercept <= start:
@@ -407,6 +422,12 @@ class ObservedDraftCost:
                 self._one_depth[key] = next(iter(depths))
             else:
                 self._one_depth.pop(key, None)
+                if self.overhead_fit == "depth":
+                    self._depth_medians[key] = {
+                        d: statistics.median(v)
+                        for d, v in depths.items()
+                        if len(v) >= LINE_MIN_STEPS
+                    }
 
     def draft_cost_ms(self, num_reqs: int, depth: int | None = None) -> float:
         """The drafter's share of a step with ``num_reqs`` requests drafting ``depth``
