@@ -12,7 +12,8 @@ in tok/s can be traced to the steps that make it.
 ``MODEL=path.gguf`` (or ``MODEL=default``, the embedded SmolLM2) runs that model with its
 shipped drafter instead (acceptance computed,
 the trace argument ignored); ``SETTINGS=none,fixed,adaptive`` picks the settings (default
-fixed,adaptive; at K, or ``fixed:3`` for another K); ``FULL_WARMUP=1`` warms up on as
+fixed,adaptive; at K, or ``fixed:3`` for another K; ``variant=TAG:FIELD=VALUE`` for
+adaptive with EngineConfig fields changed, as ``dspark bench --variant``); ``FULL_WARMUP=1`` warms up on as
 many requests and tokens as are measured (``dspark bench --full-warmup``); ``PROFILE=1``
 prints each setting's host hotspots (cProfile, first repeat; its overhead slows that
 repeat, so read its table for shares, not its tok/s); ``TEMPERATURE=1`` samples (default
@@ -29,7 +30,14 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from dspark.bench.sweep import Replay, Setting, bench_prompts, closed_loop, engine_for
+from dspark.bench.sweep import (
+    Replay,
+    Setting,
+    bench_prompts,
+    closed_loop,
+    engine_for,
+    parse_variant,
+)
 from dspark.engine.replay import AcceptanceTrace, random_draft_model
 from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import load_model
@@ -347,6 +355,10 @@ def main() -> None:
         # forward is queued, where the look-ahead works: does host work there slow the
         # phases after it?), "fixed:3+sleep" (that time asleep instead: the device
         # idles alike, the host's caches stay as they were).
+        if name.startswith("variant="):  # "variant=TAG:FIELD=VALUE": as dspark bench --variant
+            settings.append(parse_variant(name.removeprefix("variant="), k))
+            arms.append((name, False, False, False))
+            continue
         base, sleep = name.removesuffix("+sleep"), name.endswith("+sleep")
         base, busy = base.removesuffix("+busy"), base.endswith("+busy")
         base, nola = base.removesuffix("-nola"), base.endswith("-nola")
