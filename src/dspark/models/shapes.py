@@ -31,6 +31,20 @@ SHAPES: dict[str, ModelConfig] = {
         rope_theta=500000.0,
         max_position=8192,
     ),
+    # SmolLM2-135M-Instruct's config.json: a GPU timing of the embedded default's shape
+    # on a machine that does not have its weights (tied head, as the model).
+    "smollm2-135m": ModelConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rope_theta=100000.0,
+        max_position=8192,
+        tie_word_embeddings=True,
+    ),
     # A small shape for tests and CPU smoke runs of the same code path.
     "tiny": ModelConfig(
         vocab_size=49152,  # the SmolLM2 tokenizer's ids (the prompts) stay valid

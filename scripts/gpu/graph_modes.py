@@ -1,0 +1,112 @@
+"""Does a captured target graph run at one speed or two, and what sets it?
+
+The SmolLM2 shape (``SHAPE``, random bf16 weights) at 16 requests: dummy verify steps
+(``_dummy_step``) of 4 and 5 tokens a request over several cached lengths, timed round
+by round (host wall and the graph's device time between CUDA events around its
+replay); then one shape captured afresh several times, each capture's replays timed.
+
+    PYTHONPATH=src python3 scripts/gpu/graph_modes.py
+"""
+
+import os
+
+import numpy as np
+import torch
+
+from dspark.bench.sweep import Setting, engine_for
+from dspark.engine.graphs import exact_shapes
+from dspark.engine.profiling import _dummy_step
+from dspark.models.shapes import random_model
+
+
+class Args:
+    out = "/tmp/graph-modes"
+    device = "cuda"
+    drafter = "dspark"
+    max_prompt_tokens = 256
+    max_tokens = 128
+    shape = os.environ.get("SHAPE", "smollm2-135m")
+    graph_padding_budget = 4.0
+
+
+def main() -> None:
+    loaded = random_model(Args.shape, torch.bfloat16, "cuda")
+    engine = engine_for(loaded, Setting("none", 0), 16, Args)
+    runner, events = engine.graphs, {}
+    replay = runner._graph
+
+    def timed(shape):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        out = replay(shape)
+        end.record()
+        events["last"] = (begin, end, shape)
+        return out
+
+    runner._graph = timed
+
+    def step(query: int, context: int) -> tuple[float, float, object]:
+        wall, _ = _dummy_step(engine, np.full(16, query), context, rng, [])
+        begin, end, shape = events["last"]
+        end.synchronize()
+        return wall, begin.elapsed_time(end), shape
+
+    if os.environ.get("SDPA") == "math":  # the math attention only, for comparison
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_flash_sdp(False)
+    rng = np.random.default_rng(0)
+    cases = [(q, c) for q in (4, 5) for c in (100, 200, 250, 300, 400, 480)]
+    times: dict = {case: [] for case in cases}
+    shapes = {}
+    with exact_shapes(engine.padded_runners()):
+        for case in cases:
+            step(*case)
+        for _ in range(15):
+            for index in rng.permutation(len(cases)):
+                wall, device, shapes[cases[index]] = step(*cases[index])
+                times[cases[index]].append((wall, device))
+        print("query, context: wall ms, device ms (medians); device p10, p90; shape")
+        for case in cases:
+            t = np.asarray(times[case])
+            print(
+                f"  {case}: {np.median(t[:, 0]):.3f} {np.median(t[:, 1]):.3f}; "
+                f"{np.percentile(t[:, 1], 10):.3f} {np.percentile(t[:, 1], 90):.3f}; "
+                f"{shapes[case]}"
+            )
+        print("one shape (16 x 4 tokens, 200 cached) captured afresh, 12 replays each:")
+        for capture in range(8):
+            runner.graphs.clear()
+            runner.ledger.forget_covers()
+            step(4, 200)  # captures
+            device = [step(4, 200)[1] for _ in range(12)]
+            print(
+                f"  capture {capture}: device median {np.median(device):.3f} ms "
+                f"(min {min(device):.3f}, max {max(device):.3f})"
+            )
+            kernels(lambda: step(4, 200))
+
+
+def kernels(run, replays: int = 4, top: int = 6) -> None:
+    """The device kernels of ``replays`` runs of ``run``, by total time (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            run()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = totals.setdefault(event.name[:70], [0.0, 0])
+            entry[0] += event.device_time / 1e3 / replays  # ms per run
+            entry[1] += 1
+    rows = sorted(totals.items(), key=lambda kv: -kv[1][0])
+    total = sum(v[0] for _, v in rows)
+    count = sum(v[1] for _, v in rows) // replays
+    print(f"    kernels: {count} a run, {total:.3f} ms a run in kernels; top:")
+    for name, (ms, n) in rows[:top]:
+        print(f"      {ms:6.3f} ms {n // replays:4d}x {name}")
+
+
+if __name__ == "__main__":
+    main()
