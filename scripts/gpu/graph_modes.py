@@ -55,7 +55,7 @@ def main() -> None:
         torch.backends.cuda.enable_mem_efficient_sdp(False)
         torch.backends.cuda.enable_flash_sdp(False)
     rng = np.random.default_rng(0)
-    cases = [(q, c) for q in (4, 5) for c in (100, 200, 250, 300, 400, 480)]
+    cases = [(q, c) for q in (4, 5) for c in (100, 200, 250, 300, 380)]
     times: dict = {case: [] for case in cases}
     shapes = {}
     with exact_shapes(engine.padded_runners()):

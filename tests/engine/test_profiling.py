@@ -121,3 +121,26 @@ def test_the_isotonic_fit_keeps_a_rise_that_a_slow_small_size_hides():
     assert (np.diff(fitted) >= 0).all()
     with pytest.raises(ValueError, match="fit"):
         profile.cost_tables("min")
+
+
+def test_a_key_row_of_attention_is_priced_from_two_context_lengths(tiny):
+    # Every forward costs 5 ms plus 0.01 ms per key row its attention gathers (requests
+    # x key span): the profile measures 0.01 from a full batch over two contexts.
+    clock = VirtualClock()
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, kv_cache_tokens=2048)
+    engine = LLMEngine(tiny, config)
+    forward = engine.forward
+
+    def timed_forward(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        clock.now += 5.0 + 0.01 * engine.key_rows
+        return out
+
+    engine.forward = timed_forward
+    engine._clock = lambda: clock.now
+    assert profile_engine(engine, profile_context=64).key_row_ms == pytest.approx(0.01)
+    # A cache that holds no batch twice as long: not measured, not priced.
+    small = LLMEngine(
+        tiny, EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, kv_cache_tokens=512)
+    )
+    assert profile_engine(small, profile_context=64).key_row_ms == 0.0

@@ -432,3 +432,29 @@ def test_overheads_by_depth_follow_a_step_that_a_line_smooths_away():
     )
     with pytest.raises(ValueError, match="overhead_fit"):
         ObservedDraftCost(tables, overhead_fit="median")
+
+
+def test_steps_are_compared_at_one_context_when_key_rows_are_priced():
+    from dspark.scheduling import build_depth_costs
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    # Verify T tokens: 10 + T ms; drafting d deep: d ms; K = 5 (as above). Drafting
+    # costs 1 ms beyond its price at every depth, and attention 0.001 ms a key row. The
+    # run's contexts grow: its 2-deep steps ran over 1,000 key rows, its 4-deep ones
+    # over 3,000 (2 ms more), as when a run drafts deeper towards its end.
+    tables = build_cost_tables([(1, 5.0), (8, 5.0)], [(1, 11.0), (2, 12.0), (64, 74.0)], 8, 64, 1)
+    depth = build_depth_costs({1: [(1, 1.0), (8, 1.0)], 5: [(1, 5.0), (8, 5.0)]}, 5, 8)
+    plain, rows = (ObservedDraftCost(tables, depth_ms=depth, key_row_ms=r) for r in (0.0, 0.001))
+    for _ in range(3):
+        for d, key_rows in ((2, 1000), (4, 3000)):
+            wall = 14.0 + 5.0 * d + 1.0 + 0.001 * key_rows
+            for cost in (plain, rows):
+                cost.record_step(4, 4, 4 * d, d, wall, key_rows=key_rows)
+    # Without the rows' price the context reads as drafting cost: 1 ms a depth.
+    assert plain.overhead_ms(4, 4) - plain.overhead_ms(4, 2) == pytest.approx(2.0)
+    # With it both depths miss the same: 1 ms, plus the window's mean rows' cost (2 ms).
+    assert rows.overhead_ms(4, 2) == pytest.approx(rows.overhead_ms(4, 4)) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="key_rows"):
+        rows.record_step(4, 4, 8, 2, 30.0, key_rows=-1)
+    with pytest.raises(ValueError, match="key_row_ms"):
+        ObservedDraftCost(tables, key_row_ms=float("nan"))

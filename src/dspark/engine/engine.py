@@ -131,6 +131,11 @@ class EngineConfig:
     # (``ObservedDraftCost``), or "depth", each depth's own median where it was measured
     # often enough, the line elsewhere.
     overhead_fit: str = "line"
+    # Adaptive: read each step's measured time at the recent steps' mean context before
+    # the cost model learns from it, by what the start-up profile measured a key row of
+    # attention to cost (``ObservedDraftCost`` ``key_row_ms``), so that the context's
+    # growth through a run is not learnt as the price of the depths drafted at its end.
+    context_rows: bool = False
     # Adaptive: correct the survival every plan prices by how verified drafts fared
     # against their confidences, per position (``AdaptiveVerifier.record_outcomes``).
     # A step's outcomes are learnt one step late (during the next forward with the
@@ -407,6 +412,7 @@ class LLMEngine:
         self._to_relax: np.ndarray | None = None
         self._slot_marks = np.zeros(config.max_num_seqs, dtype=bool)  # scratch, by slot
         self._step_index = 0
+        self.key_rows = 0  # key rows the latest forward's attention gathered (``forward``)
         self.lookahead = False
         self.round_log: list[tuple[np.ndarray | None, int, int]] | None = None
         if config.spec is not SpecMode.NONE:
@@ -454,6 +460,7 @@ class LLMEngine:
                     depth_ms=profile.depth_costs(fit),
                     num_positions=config.num_drafts,
                     overhead_fit=config.overhead_fit,
+                    key_row_ms=profile.key_row_ms if config.context_rows else 0.0,
                 )
             self.gate = ThroughputGate() if config.throughput_gate else None
             self.lookahead = config.lookahead == "on" or (
@@ -635,7 +642,7 @@ class LLMEngine:
             record_step = getattr(self.verifier.cost_model, "record_step", None)
             if record_step is not None and not mixed:
                 admitted = sum(len(extra) for extra in drafts)
-                timing = (num_reqs, num_tokens, admitted, depth, wall_ms, context)
+                timing = (num_reqs, num_tokens, admitted, depth, wall_ms, context, self.key_rows)
                 # With ``normalise_speed``, the forward's time too (the step's time scale).
                 forward_ms = self.stats.forward_ms[-1] if self._normalise_speed else None
                 if self.lookahead:  # learnt while the next step's forward runs
@@ -661,15 +668,19 @@ class LLMEngine:
 
     def _record_step(self, timing: tuple, forward_ms: float | None, padded: int = 0) -> None:
         """A decoding step's timing for the cost model (``ObservedDraftCost.record_step``),
-        with its forward's time when the engine normalises speed and the tokens its
-        forward ran beyond its own captured size when a larger graph covered it (only
-        that model takes them)."""
+        with its forward's time when the engine normalises speed, the tokens its forward
+        ran beyond its own captured size when a larger graph covered it and the key rows
+        its attention gathered when the model prices them (only that model takes them)."""
+        *timing, key_rows = timing  # the key rows its attention gathered, last
         extra = {}
         if forward_ms is not None:
             extra["forward_ms"] = forward_ms
         if padded:
             extra["padded_tokens"] = padded
-        self.verifier.cost_model.record_step(*timing, **extra)
+        model = self.verifier.cost_model
+        if getattr(model, "key_row_ms", 0.0):
+            extra["key_rows"] = key_rows
+        model.record_step(*timing, **extra)
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
         """An int64 index on the engine's device without waiting for the device's queue."""
@@ -692,7 +703,9 @@ class LLMEngine:
         shape = None if self.graphs is None else self.graphs.shape_for(num_cached, num_query)
         if shape is not None:
             outputs = self.graphs.run(tables, num_cached, num_query, tokens, shape=shape)
+            self.key_rows = self.graphs.key_rows
             return outputs[0], outputs[1:]
+        self.key_rows = len(num_query) * int((num_cached + num_query).max())
         batch = self.cache.attention_batch(tables, num_cached, num_query)
         positions = np.concatenate(
             [np.arange(c, c + q) for c, q in zip(num_cached, num_query, strict=True)]

@@ -289,6 +289,9 @@ class PaddedStepRunner:
         # and the padding tokens that added: such a step costs what its cover costs.
         self.num_covered = 0
         self.covered_tokens = 0
+        # Key rows the latest step's attention gathered: its shape's pieces times its
+        # padded key span (what a step's attention costs grows with, ``ObservedDraftCost``).
+        self.key_rows = 0
         # The staging layout of the largest shape, whose block tables are capped by the
         # most key rows a padded step may gather (larger steps run eagerly).
         t, r = self.token_sizes[-1], self.piece_sizes[-1]
@@ -439,6 +442,7 @@ class PaddedStepRunner:
                 self.covered_tokens += shape.num_tokens - own.num_tokens
         used = self.stage(shape, tables, num_cached, num_query, ids, causal)
         self.num_runs += 1
+        self.key_rows = shape.num_pieces * shape.max_len
         self.buffer[:used].copy_(self.staging[:used], non_blocking=self.capture)
         if self.capture:
             self._copied = torch.cuda.Event()

@@ -45,8 +45,9 @@ EAGER_CAPTURE_SIZES = [1]
 # forward (an untimed proposal runs before them, ``_dummy_step``); 5: eager steps also
 # profile every size up to ``EAGER_SMALL_SIZES``, and CPU products of a few rows take the
 # product measured faster (``dspark.models.llama.tune_small_rows``); 6: sizes are timed
-# round by round (replay 1 of every size, then replay 2, ...), not size by size.
-PROFILE_FORMAT = 6
+# round by round (replay 1 of every size, then replay 2, ...), not size by size; 7: what a
+# key row of attention costs (``key_row_ms``).
+PROFILE_FORMAT = 7
 
 EAGER_SMALL_SIZES = 8
 """Eager steps are profiled at every token count 1 ... EAGER_SMALL_SIZES besides the
@@ -80,6 +81,10 @@ class EngineProfile:
     # CPU: the small-row plan the products ran under (``dspark.models.llama.row_plan``;
     # None where there is none): timed under another plan, the costs are another's.
     row_plan: list[bool] | None = None
+    # What a step pays per key row its attention gathers (requests x padded key span):
+    # a full batch of decodes timed over cached contexts of two lengths, the difference
+    # over the rows it added (``measure_key_rows``; 0 where the cache holds no second).
+    key_row_ms: float = 0.0
 
     @property
     def tables(self) -> CostTables:
@@ -186,6 +191,7 @@ def profile_engine(
                 depth_samples += [
                     (num_reqs, d, ms) for d, ms in drafter_ms.items() if d != num_drafts
                 ]
+        key_row_ms = measure_key_rows(engine, profile_context, rng)
     profile = EngineProfile(
         samples,
         config.max_num_seqs,
@@ -199,10 +205,36 @@ def profile_engine(
         num_drafts,
         depth_samples,
         current_row_plan(engine),
+        key_row_ms,
     )
     if path is not None:
         profile.save(Path(path))
     return profile
+
+
+def measure_key_rows(engine: LLMEngine, context: int, rng: np.random.Generator) -> float:
+    """Milliseconds a step pays per key row its attention gathers: a full batch of
+    decodes (``max_num_seqs`` requests, one token each) over ``context`` cached tokens
+    and over about twice as many, ``PROFILE_REPLAYS`` rounds of both; the median of
+    (slower - faster) over the rows added, never below 0. 0 where the KV cache or the
+    model's length holds no batch twice as long. Called inside ``exact_shapes``."""
+    num_reqs = engine.config.max_num_seqs
+    longer = 2 * (context + 1) - 1  # twice the key span of ``context`` plus the decode
+    cache = engine.cache
+    blocks = num_reqs * -(-(longer + 1) // cache.block_size)
+    if longer + 1 > engine.max_model_len or blocks > cache.num_free_blocks:
+        return 0.0
+    query = np.ones(num_reqs, dtype=np.int64)
+    slopes = []
+    for _ in range(PROFILE_REPLAYS + 1):  # the first round captures; it is not timed
+        times, rows = [], []
+        for cached in (context, longer):
+            ms, _ = _dummy_step(engine, query, cached, rng, [])
+            times.append(ms)
+            rows.append(engine.key_rows)
+        if rows[1] > rows[0]:
+            slopes.append((times[1] - times[0]) / (rows[1] - rows[0]))
+    return max(float(np.median(slopes[1:])), 0.0) if len(slopes) > 1 else 0.0
 
 
 PROFILE_FITS = ("max", "isotonic")

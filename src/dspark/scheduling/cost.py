@@ -245,11 +245,14 @@ class ObservedDraftCost:
         depth_ms: np.ndarray | None = None,
         num_positions: int | None = None,
         overhead_fit: str = "line",
+        key_row_ms: float = 0.0,
     ) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
         if overhead_fit not in ("line", "depth"):
             raise ValueError(f"overhead_fit must be 'line' or 'depth', got {overhead_fit!r}")
+        if not (math.isfinite(key_row_ms) and key_row_ms >= 0.0):
+            raise ValueError(f"key_row_ms must be a finite time >= 0, got {key_row_ms}")
         if depth_ms is not None:
             depth_ms = np.asarray(depth_ms, dtype=np.float64)
             if depth_ms.ndim != 2 or depth_ms.shape[0] < 2 or depth_ms.shape[1] < 1:
@@ -276,6 +279,14 @@ class ObservedDraftCost:
         # do not grow as a line does (SmolLM2 on an H200 at 16 requests, session 29:
         # steps drafted 4 deep or more ran ~0.6 ms longer than 2-3 deep ones).
         self.overhead_fit = overhead_fit
+        # What a step's attention costs per key row it gathers (requests x padded key
+        # span), measured at start-up (0: not priced). Steps over longer contexts cost
+        # more whatever they draft (SmolLM2 on an H200 at 16 requests, session 29: 3.18,
+        # 3.47 and 4.05 ms for spans of 128, 256 and 512 keys at 4 tokens a request), and
+        # contexts grow through a run while its depths change: a window that mixes them
+        # would charge the context's share to whichever depths ran at long contexts. So
+        # each step's miss is read at the window's mean context (``record_step``).
+        self.key_row_ms = float(key_row_ms)
         self._depth_medians: dict[tuple[int, bool], dict[int, float]] = {}
         # Prices asked for since the last measurement, by (request count, depth): a
         # step's decisions ask for the same few several times (the depth, then the
@@ -376,6 +387,7 @@ class ObservedDraftCost:
         context_tokens: int = 0,
         forward_ms: float | None = None,
         padded_tokens: int = 0,
+        key_rows: int | None = None,
     ) -> None:
         """A whole step of ``num_reqs`` decoding requests (prompt chunks priced by the
         profile alone are not recorded), ``num_tokens`` non-draft tokens and
@@ -390,7 +402,12 @@ class ObservedDraftCost:
         step is priced with them, as the profile prices a step at the size it runs, so
         that a transient cover is not learnt as what drafting that deep costs (a depth
         whose steps replay a much larger graph would look expensive and be drafted less,
-        and its shape then gathers the padding that gets it captured only slowly)."""
+        and its shape then gathers the padding that gets it captured only slowly).
+        ``key_rows``: the key rows the step's attention gathered; with ``key_row_ms``
+        each miss in the window counts at the window's mean of them (its own less its
+        rows' cost, plus the mean rows' cost), so the line and the depths' medians
+        compare steps as if at one context, and the price level stays the recent
+        steps'."""
         if not np.isfinite(wall_ms) or wall_ms < 0:
             raise ValueError(f"wall_ms must be a finite non-negative time, got {wall_ms}")
         if forward_ms is not None and not (math.isfinite(forward_ms) and forward_ms > 0):
@@ -414,8 +431,15 @@ class ObservedDraftCost:
             price += self._profiled(num_reqs, depth) * self._scale(num_reqs)
         key = (int(num_reqs).bit_length(), depth == 0)
         window = self._missed.setdefault(key, deque(maxlen=OVERHEAD_WINDOW))
-        window.append((depth, wall_ms - price))
-        depths = _line_depths(window)  # the depths the line is drawn through
+        rows_ms = 0.0
+        if key_rows is not None and self.key_row_ms:
+            if key_rows < 0:
+                raise ValueError(f"key_rows must be >= 0, got {key_rows}")
+            rows_ms = self.key_row_ms * key_rows
+            if forward_ms is not None:
+                rows_ms /= self.time_scale
+        window.append((depth, wall_ms - price, rows_ms))
+        depths = _line_depths(_at_mean_context(window))  # the depths the line is drawn through
         self._overhead[key] = _line_through(depths)
         if depth:
             if len(depths) == 1:
@@ -462,6 +486,13 @@ class ObservedDraftCost:
         costs = self.base.step_costs_ms(num_reqs, num_tokens, max_drafts, context_tokens)
         extra = self.draft_cost_ms(num_reqs) - self.base.draft_cost_ms(num_reqs)
         return costs + extra if extra else costs
+
+
+def _at_mean_context(window: deque) -> list[tuple[int, float]]:
+    """``(depth, ms missed)`` of a window of ``(depth, ms missed, rows' ms)``, each miss
+    read at the window's mean rows' cost (``ObservedDraftCost.record_step``)."""
+    mean_rows_ms = sum(entry[2] for entry in window) / len(window)
+    return [(depth, missed - rows_ms + mean_rows_ms) for depth, missed, rows_ms in window]
 
 
 LINE_MIN_STEPS = 3
