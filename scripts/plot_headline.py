@@ -79,6 +79,9 @@ PANELS = [
             ("s27 42c4998", "cpu_session27_mainjob_42c4998"),
             ("s27 2cf95a1", "cpu_session27_mainjob_2cf95a1"),
             ("s28 0a54856", "cpu_session28_mainjob_0a54856"),
+            # Default adaptive beside a variant (overhead_fit=depth, context_rows), K = 1, 3.
+            ("s29 3347316", "cpu_session29_dfit_c1_c4_x5"),
+            ("s29 413c6b4", "cpu_session29_rows_c1_c4_x5"),
         ],
     ),
 ]
