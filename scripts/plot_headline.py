@@ -82,6 +82,7 @@ PANELS = [
             # Default adaptive beside a variant (overhead_fit=depth, context_rows), K = 1, 3.
             ("s29 3347316", "cpu_session29_dfit_c1_c4_x5"),
             ("s29 413c6b4", "cpu_session29_rows_c1_c4_x5"),
+            ("s29 9eb2565", "cpu_session29_mainjob_9eb2565"),
         ],
     ),
 ]
