@@ -3,7 +3,9 @@
 The SmolLM2 shape (``SHAPE``, random bf16 weights) at 16 requests: dummy verify steps
 (``_dummy_step``) of 4 and 5 tokens a request over several cached lengths, timed round
 by round (host wall and the graph's device time between CUDA events around its
-replay); then one shape captured afresh several times, each capture's replays timed.
+replay). (Session 29 also captured one shape afresh several times, clearing the
+runner's graphs in between; PyTorch's allocator asserted on the first capture after the clear, so
+that part was dropped.)
 
     PYTHONPATH=src python3 scripts/gpu/graph_modes.py
 """
@@ -73,39 +75,6 @@ def main() -> None:
                 f"{np.percentile(t[:, 1], 10):.3f} {np.percentile(t[:, 1], 90):.3f}; "
                 f"{shapes[case]}"
             )
-        print("one shape (16 x 4 tokens, 200 cached) captured afresh, 12 replays each:")
-        for capture in range(8):
-            runner.graphs.clear()
-            runner.ledger.forget_covers()
-            step(4, 200)  # captures
-            device = [step(4, 200)[1] for _ in range(12)]
-            print(
-                f"  capture {capture}: device median {np.median(device):.3f} ms "
-                f"(min {min(device):.3f}, max {max(device):.3f})"
-            )
-            kernels(lambda: step(4, 200))
-
-
-def kernels(run, replays: int = 4, top: int = 6) -> None:
-    """The device kernels of ``replays`` runs of ``run``, by total time (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            run()
-        torch.cuda.synchronize()
-    totals: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = totals.setdefault(event.name[:70], [0.0, 0])
-            entry[0] += event.device_time / 1e3 / replays  # ms per run
-            entry[1] += 1
-    rows = sorted(totals.items(), key=lambda kv: -kv[1][0])
-    total = sum(v[0] for _, v in rows)
-    count = sum(v[1] for _, v in rows) // replays
-    print(f"    kernels: {count} a run, {total:.3f} ms a run in kernels; top:")
-    for name, (ms, n) in rows[:top]:
-        print(f"      {ms:6.3f} ms {n // replays:4d}x {name}")
 
 
 if __name__ == "__main__":
