@@ -4,8 +4,8 @@ The SmolLM2 shape (``SHAPE``, random bf16 weights) at 16 requests: dummy verify 
 (``_dummy_step``) of 4 and 5 tokens a request over several cached lengths, timed round
 by round (host wall and the graph's device time between CUDA events around its
 replay). (Session 29 also captured one shape afresh several times, clearing the
-runner's graphs in between; PyTorch's allocator asserted on the first capture after the clear, so
-that part was dropped.)
+runner's graphs in between; PyTorch's allocator asserted on the first capture after
+the clear, so that part was dropped.)
 
     PYTHONPATH=src python3 scripts/gpu/graph_modes.py
 """

@@ -10,14 +10,14 @@ in tok/s can be traced to the steps that make it.
     PYTHONPATH=src python3 scripts/gpu/step_trace.py 4 7 [TRACE] [TOKENS] [REPEATS]
 
 ``MODEL=path.gguf`` (or ``MODEL=default``, the embedded SmolLM2) runs that model with its
-shipped drafter instead (acceptance computed,
-the trace argument ignored); ``SETTINGS=none,fixed,adaptive`` picks the settings (default
-fixed,adaptive; at K, or ``fixed:3`` for another K; ``variant=TAG:FIELD=VALUE`` for
-adaptive with EngineConfig fields changed, as ``dspark bench --variant``); ``FULL_WARMUP=1`` warms up on as
-many requests and tokens as are measured (``dspark bench --full-warmup``); ``PROFILE=1``
+shipped drafter instead (acceptance computed, the trace argument ignored);
+``SETTINGS=none,fixed,adaptive`` picks the settings (default fixed,adaptive; at K, or
+``fixed:3`` for another K; ``variant=TAG:FIELD=VALUE`` for adaptive with EngineConfig
+fields changed, as ``dspark bench --variant``); ``FULL_WARMUP=1`` warms up on as many
+requests and tokens as are measured (``dspark bench --full-warmup``); ``PROFILE=1``
 prints each setting's host hotspots (cProfile, first repeat; its overhead slows that
-repeat, so read its table for shares, not its tok/s); ``TEMPERATURE=1`` samples (default
-greedy).
+repeat, so read its table for shares, not its tok/s); ``TEMPERATURE=1`` samples
+(default greedy).
 """
 
 import cProfile
