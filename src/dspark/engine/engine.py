@@ -123,18 +123,20 @@ class EngineConfig:
     # before they price steps: "max", the seed's running maximum, or "isotonic", the
     # closest non-decreasing curve in least squares
     # (``dspark.scheduling.profiling.monotone_curve``). Where a step's time barely grows
-    # with its tokens (a small model replaying graphs), the running maximum carries one
-    # slow median to every larger size and prices the rise that is there flat.
+    # with its tokens (a small model replaying graphs), the running maximum can carry one
+    # slow median to every larger size and price a rise that is there flat. Not A/B'd
+    # end to end (session 29: on the H200's SmolLM2 profiles the two differ by <= 0.14 ms).
     profile_fit: str = "max"
     # Adaptive: what drafted steps cost beyond their profiled price, by drafting depth:
     # "line", a robust line in the depth through the measured steps
     # (``ObservedDraftCost``), or "depth", each depth's own median where it was measured
-    # often enough, the line elsewhere.
+    # often enough, the line elsewhere (session 29's A/Bs: no gain on the H200 nor here).
     overhead_fit: str = "line"
     # Adaptive: read each step's measured time at the recent steps' mean context before
     # the cost model learns from it, by what the start-up profile measured a key row of
     # attention to cost (``ObservedDraftCost`` ``key_row_ms``), so that the context's
-    # growth through a run is not learnt as the price of the depths drafted at its end.
+    # growth through a run is not learnt as the price of the depths drafted at its end
+    # (session 29's A/Bs: no gain on the H200 nor on this CPU).
     context_rows: bool = False
     # Adaptive: correct the survival every plan prices by how verified drafts fared
     # against their confidences, per position (``AdaptiveVerifier.record_outcomes``).

@@ -276,8 +276,9 @@ class ObservedDraftCost:
         self._one_depth: dict[tuple[int, bool], int] = {}
         # overhead_fit "depth": drafted buckets' own median at each depth the window
         # holds ``LINE_MIN_STEPS`` times or more (other depths: the line), for costs that
-        # do not grow as a line does (SmolLM2 on an H200 at 16 requests, session 29:
-        # steps drafted 4 deep or more ran ~0.6 ms longer than 2-3 deep ones).
+        # do not grow as a line does. (Built when SmolLM2's steps on an H200 ran ~0.6 ms
+        # longer 4 deep than 2-3 deep; session 29 traced that to the batch's key span,
+        # not the depth, and the A/B gained nothing: off by default.)
         self.overhead_fit = overhead_fit
         # What a step's attention costs per key row it gathers (requests x padded key
         # span), measured at start-up (0: not priced). Steps over longer contexts cost
