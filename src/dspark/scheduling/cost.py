@@ -440,7 +440,8 @@ class ObservedDraftCost:
             if forward_ms is not None:
                 rows_ms /= self.time_scale
         window.append((depth, wall_ms - price, rows_ms))
-        depths = _line_depths(_at_mean_context(window))  # the depths the line is drawn through
+        # The depths the line is drawn through (read at one context when rows are priced).
+        depths = _line_depths(_at_mean_context(window) if self.key_row_ms else window)
         self._overhead[key] = _line_through(depths)
         if depth:
             if len(depths) == 1:
@@ -514,7 +515,7 @@ def _line_depths(points: deque) -> dict[int, list[float]]:
     optimistically where they are one (``ObservedDraftCost``), so it is drafted and
     measured again. Until some depth has that many steps, every depth counts."""
     by_depth: dict[int, list[float]] = {}
-    for depth, value in points:
+    for depth, value, *_ in points:  # window entries also carry their rows' cost
         by_depth.setdefault(depth, []).append(value)
     if len(by_depth) > 1 and any(len(v) >= LINE_MIN_STEPS for v in by_depth.values()):
         by_depth = {d: v for d, v in by_depth.items() if len(v) >= LINE_MIN_STEPS}
