@@ -53,6 +53,36 @@ def test_measure_accounting(tiny):
     assert result.tpot_p99_ms >= result.tpot_p50_ms
     # Eager CPU steps capture no graph; a fixed K drafts on every decoding step.
     assert result.graph_captures == 0 and result.undrafted_steps == 0
+    # The host phases are the measured run's own (the stats restart after the warm-up),
+    # and the host probe ran on both sides of it.
+    stats = engine.stats
+    assert result.phase_ms == {
+        "drafter": float(np.median(stats.drafter_ms)),
+        "apply": float(np.median(stats.apply_ms)),
+        "forward": float(np.median(stats.forward_ms)),
+    }
+    assert len(stats.apply_ms) == stats.num_steps
+    assert all(ms > 0 for ms in result.probe_ms) and len(result.probe_ms) == 2
+
+
+def test_the_host_probe_times_its_fastest_try(monkeypatch):
+    from dspark.bench import sweep
+
+    # Tries take 5, 2 and 9 ms on a fake clock: the probe reports the fastest.
+    durations = iter([5e-3, 2e-3, 9e-3])
+    now = [0.0]
+    ticks = []
+
+    def fake_clock():
+        ticks.append(None)
+        if len(ticks) % 2:  # a try's start
+            return now[0]
+        now[0] += next(durations)  # its end
+        return now[0]
+
+    monkeypatch.setattr(sweep.time, "perf_counter", fake_clock)
+    assert sweep.host_probe_ms(tries=3) == pytest.approx(2.0)
+    assert len(ticks) == 6
 
 
 def test_compare_reports_ratios_against_best_fixed_and_no_spec():
@@ -222,6 +252,7 @@ def test_summary_takes_medians_over_repeats_per_depth():
     assert row["depth_steps"] == [3.0, 8.0, 31.0, 5.0]  # not the first repeat's [41, 7, 29, 5]
     assert row["undrafted_steps"] == 3.0 == row["depth_steps"][0]
     assert row["tok_s"] == 20.0 and row["tok_s_runs"] == [10.0, 30.0, 20.0]
+    assert row["probe_ms_runs"] == [[0.0, 0.0]] * 3 and "probe_ms" not in row
 
 
 def test_a_failing_run_leaves_the_heap_unfrozen_and_stops_counting(tiny):

@@ -170,6 +170,40 @@ class Measurement:
     gc_full: int = 0  # full (oldest-generation) collections while measuring
     gc_full_s: float = 0.0  # their seconds (inside the wall time)
     gc_s: float = 0.0  # seconds of every collection while measuring
+    # The host's speed around the run: ``host_probe_ms`` before and after it (a fixed
+    # piece of Python and NumPy work, the fastest of a few tries), and the medians of the
+    # run's host phases (``EngineStats``: the drafter's proposal, verification and
+    # emission, the forward from queueing to outputs on the host). A machine whose host
+    # runs some runs slower than others (seen on the H200's) shows it in both; a slow run
+    # whose probe is not slow was slowed by something else than the host's speed.
+    probe_ms: tuple[float, float] = (0.0, 0.0)
+    phase_ms: dict[str, float] = field(default_factory=dict)
+
+
+PROBE_TRIES = 7
+
+
+def host_probe_ms(tries: int = PROBE_TRIES) -> float:
+    """Milliseconds a fixed piece of host work takes here, the fastest of ``tries``:
+    the kind of work an engine's step does around its kernels (list and dict
+    bookkeeping over a batch, a few small NumPy calls), about a millisecond on a 2-core
+    VM. The fastest try leaves out preemptions; what remains is the host's speed."""
+    best = float("inf")
+    values = np.arange(64, dtype=np.int64)
+    for _ in range(tries):
+        start = time.perf_counter()
+        for step in range(40):
+            table = {i: i * step for i in range(64)}
+            counts = [table[i] % 7 for i in range(64)]
+            order = np.argsort(np.array(counts, dtype=np.int64) - values)
+            float(np.add.accumulate(values[order]).max())
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def _phase_medians(stats) -> dict[str, float]:
+    phases = {"drafter": stats.drafter_ms, "apply": stats.apply_ms, "forward": stats.forward_ms}
+    return {name: float(np.median(ms)) for name, ms in phases.items() if len(ms)}
 
 
 def closed_loop(
@@ -223,8 +257,10 @@ def measure(
     captures, capture_s = engine.num_captures(), engine.capture_seconds()
     covered = engine.graphs.num_covered if engine.graphs is not None else 0
     pauses = CollectorPauses()
+    probe_before = host_probe_ms()
     with frozen_heap() if freeze_gc else nullcontext(), pauses.watching():
         finished, seconds = closed_loop(engine, prompts, params, concurrency)
+    probe_ms = (probe_before, host_probe_ms())
     capture_s = engine.capture_seconds() - capture_s
     if engine.graphs is not None:
         covered = engine.graphs.num_covered - covered
@@ -276,6 +312,8 @@ def measure(
         gc_full=pauses.counts[2],
         gc_full_s=pauses.seconds[2],
         gc_s=sum(pauses.seconds),
+        probe_ms=probe_ms,
+        phase_ms=_phase_medians(stats),
         depth_steps=[stats.depth_steps[d] for d in range(setting.k + 1)]
         if setting.spec == "adaptive"
         else [],
@@ -553,6 +591,9 @@ def summarise(measurements: list[Measurement]) -> dict:
         row[key] = float(np.mean([getattr(m, key) for m in measurements]))
     row["tok_s_runs"] = [round(m.tok_s, 2) for m in measurements]
     row["gc_full_runs"] = [m.gc_full for m in measurements]
+    del row["probe_ms"], row["phase_ms"]  # per run only, below
+    row["probe_ms_runs"] = [[round(v, 4) for v in m.probe_ms] for m in measurements]
+    row["phase_ms_runs"] = [{k: round(v, 4) for k, v in m.phase_ms.items()} for m in measurements]
     return row
 
 
