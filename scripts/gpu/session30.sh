@@ -6,6 +6,10 @@
 #   bash scripts/gpu/session30.sh mid    K = 3, 4 and adaptive at 16 and 64
 #   bash scripts/gpu/session30.sh ends   none, K = 3, 5 and adaptive at 1; K = 3 and
 #                                        adaptive at 256
+#   bash scripts/gpu/session30.sh ab     at 1: K = 3, adaptive, adaptive without the
+#                                        throughput gate; at 256: K = 3, adaptive, adaptive
+#                                        capturing every new shape at once (pad0) and
+#                                        without the look-ahead (nola)
 bash scripts/gpu/stage_piece.sh p7 >/dev/null 2>&1 || true
 source scripts/gpu/env.sh
 set +e +o pipefail
@@ -28,6 +32,16 @@ case "$1" in
       --concurrency 256 --min-requests 256 --repeats ${REPEATS256:-4} --out "$OUT/c256" 2>&1 \
       | grep -v "it/s\]\|s/it\]" | tail -8
     tag="c1 c256" ;;
+  ab)
+    timeout ${LIMIT:-240} python3 -m dspark.cli bench $common --no-baseline --fixed 3 \
+      --concurrency 1 --min-requests ${MINREQ1:-8} --repeats ${REPEATS:-6} \
+      --variant nogate:throughput_gate=false --out "$OUT/ab1" 2>&1 \
+      | grep -v "it/s\]\|s/it\]" | tail -8
+    timeout ${LIMIT256:-240} python3 -m dspark.cli bench $common --no-baseline --fixed 3 \
+      --concurrency 256 --min-requests 256 --repeats ${REPEATS256:-3} \
+      --variant pad0:graph_padding_budget=0 --variant nola:lookahead=off --out "$OUT/ab256" \
+      2>&1 | grep -v "it/s\]\|s/it\]" | tail -10
+    tag="ab1 ab256" ;;
 esac
 for t in $tag; do
   for f in "$OUT/$t"/profiles/*.json; do [ -f "$f" ] && mv "$f" "$OUT/$t/"; done
