@@ -57,6 +57,12 @@ PANELS = [
             ("s28 9789a63", "h200/session28/smollm2_c16_64"),
             # The engine's process held to two cores (taskset -c 2,3): no steadier.
             ("s28 taskset", "h200/session28/smollm2_c16_64_pinned"),
+            # Session 30: every run with the host probe around it (run_modes.txt beside).
+            ("s30 b476565", "h200/session30/mid_c16_c64_x8"),
+            ("s30 b476565", "h200/session30/c1_x5"),
+            ("s30 b476565", "h200/session30/c256_x4"),
+            ("s30 df60cc9", "h200/session30/ab_c1_nogate_x6"),
+            ("s30 df60cc9", "h200/session30/ab_c256_pad0_nola_x3"),
         ],
     ),
     (
