@@ -89,6 +89,8 @@ PANELS = [
             ("s29 3347316", "cpu_session29_dfit_c1_c4_x5"),
             ("s29 413c6b4", "cpu_session29_rows_c1_c4_x5"),
             ("s29 9eb2565", "cpu_session29_mainjob_9eb2565"),
+            # Default adaptive beside calibrate_survival=true, K = 1, 3, at 1 only.
+            ("s30 df60cc9", "cpu_session30_cal_c1_x8"),
         ],
     ),
 ]
