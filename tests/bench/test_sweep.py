@@ -138,6 +138,40 @@ def test_compare_pairs_repeats_that_shared_the_machine_speed():
     assert "1.200x no spec [paired over 3 repeats: median 1.200, 1.050-2.200]" in line
 
 
+def test_compare_also_pairs_the_repeats_with_the_host_at_full_speed():
+    # Four repeats; the host probe (ms) says the host ran slow in repeat 1 for K=2 and in
+    # repeat 3 for adaptive (either end of a run counts), full speed otherwise (at most
+    # 1.25 x the fastest reading, 0.40): the full-speed pairs are repeats 0 and 2.
+    fast, slow, half = (0.40, 0.42), (0.70, 0.66), (0.41, 0.52)
+    rows = [
+        {
+            "concurrency": 16,
+            "spec": "fixed",
+            "label": "K=3",
+            "tok_s": 100.0,
+            "tok_s_runs": [100.0, 80.0, 100.0, 100.0],
+            "probe_ms_runs": [fast, slow, fast, fast],
+        },
+        {
+            "concurrency": 16,
+            "spec": "adaptive",
+            "label": "adaptive≤7",
+            "tok_s": 95.0,
+            "tok_s_runs": [102.0, 60.0, 104.0, 80.0],
+            "probe_ms_runs": [fast, fast, fast, half],
+        },
+    ]
+    [line] = compare(rows)
+    assert (
+        "[paired over 4 repeats: median 0.910, 0.750-1.040; "
+        "host at full speed in both: median 1.030 over 2]" in line
+    )
+    # Every repeat at full speed (or no probes): the paired median alone.
+    rows[0]["probe_ms_runs"] = rows[1]["probe_ms_runs"] = [fast] * 4
+    [line] = compare(rows)
+    assert "0.750-1.040]" in line and "full speed" not in line
+
+
 def test_graph_capture_time_is_left_out_of_tok_s(tiny, monkeypatch):
     """Host time spent capturing graphs mid-measurement is start-up work: tok/s excludes
     it, tok_s_wall keeps it; the steps that captured are counted."""

@@ -672,6 +672,7 @@ def compare(rows: list[dict]) -> list[str]:
         variants.sort(key=lambda r: bool(r["label"].partition(" ")[2]))
         fixed = [r for r in level if r["spec"] == "fixed"]
         baseline = next((r for r in level if r["spec"] == "none"), None)
+        fastest = fastest_probe(level)
         for adaptive in variants:
             tag = adaptive["label"].partition(" ")[2]  # a variant's tag
             name = f"adaptive {tag}" if tag else "adaptive"
@@ -680,33 +681,59 @@ def compare(rows: list[dict]) -> list[str]:
                 best = max(fixed, key=lambda r: r["tok_s"])
                 parts.append(
                     f"{adaptive['tok_s'] / best['tok_s']:.3f}x best fixed ({best['label']})"
-                    + paired_ratios(adaptive, best)
+                    + paired_ratios(adaptive, best, fastest)
                 )
             if baseline:
                 parts.append(
                     f"{adaptive['tok_s'] / baseline['tok_s']:.3f}x no spec"
-                    + paired_ratios(adaptive, baseline)
+                    + paired_ratios(adaptive, baseline, fastest)
                 )
             if adaptive is not variants[0] and not variants[0]["label"].partition(" ")[2]:
                 parts.append(
                     f"{adaptive['tok_s'] / variants[0]['tok_s']:.3f}x {variants[0]['label']}"
-                    + paired_ratios(adaptive, variants[0])
+                    + paired_ratios(adaptive, variants[0], fastest)
                 )
             lines.append(", ".join(parts))
     return lines
 
 
-def paired_ratios(row: dict, baseline: dict) -> str:
+FULL_SPEED = 1.25
+"""A run had the host at full speed when both its probes (``host_probe_ms``) read at most
+this factor above the fastest probe of its level: the hosts seen switch between two
+speeds about 1.5x apart (H200 machines: 0.40-0.48 against 0.64-1.00 ms; this 2-core VM:
+0.44-0.47 against 0.63-0.82), and a run slowed at either end may have run slow."""
+
+
+def paired_ratios(row: dict, baseline: dict, fastest: float | None = None) -> str:
     """`` [paired: median m, min-max]`` of ``row``'s tok/s over ``baseline``'s within each
-    repeat (``tok_s_runs`` in repeat order), or nothing with a single repeat."""
+    repeat (``tok_s_runs`` in repeat order), or nothing with a single repeat. Given the
+    level's fastest host probe, also the median over the repeats whose two runs both had
+    the host at full speed (``FULL_SPEED``), when some but not all did."""
     runs, base = row.get("tok_s_runs", []), baseline.get("tok_s_runs", [])
     if len(runs) < 2 or len(runs) != len(base):
         return ""
     ratios = np.divide(runs, base)
-    return (
+    text = (
         f" [paired over {len(ratios)} repeats: median {np.median(ratios):.3f}, "
-        f"{ratios.min():.3f}-{ratios.max():.3f}]"
+        f"{ratios.min():.3f}-{ratios.max():.3f}"
     )
+    probes, base_probes = row.get("probe_ms_runs"), baseline.get("probe_ms_runs")
+    if fastest and probes and base_probes and len(probes) == len(base_probes) == len(runs):
+        limit = FULL_SPEED * fastest
+        full = [
+            ratio
+            for ratio, mine, theirs in zip(ratios, probes, base_probes, strict=True)
+            if max(mine) <= limit and max(theirs) <= limit
+        ]
+        if 0 < len(full) < len(ratios):
+            text += f"; host at full speed in both: median {np.median(full):.3f} over {len(full)}"
+    return text + "]"
+
+
+def fastest_probe(rows: list[dict]) -> float | None:
+    """The fastest host probe over ``rows``' runs (None where none was taken)."""
+    readings = [min(p) for r in rows for p in r.get("probe_ms_runs", []) if min(p) > 0]
+    return min(readings) if readings else None
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
