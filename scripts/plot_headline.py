@@ -91,6 +91,7 @@ PANELS = [
             ("s29 9eb2565", "cpu_session29_mainjob_9eb2565"),
             # Default adaptive beside calibrate_survival=true, K = 1, 3, at 1 only.
             ("s30 df60cc9", "cpu_session30_cal_c1_x8"),
+            ("s30 8d5bde4", "cpu_session30_mainjob_8d5bde4"),
         ],
     ),
 ]
