@@ -139,7 +139,7 @@ def test_compare_pairs_repeats_that_shared_the_machine_speed():
 
 
 def test_compare_also_pairs_the_repeats_with_the_host_at_full_speed():
-    # Four repeats; the host probe (ms) says the host ran slow in repeat 1 for K=2 and in
+    # Four repeats; the host probe (ms) says the host ran slow in repeat 1 for K=3 and in
     # repeat 3 for adaptive (either end of a run counts), full speed otherwise (at most
     # 1.25 x the fastest reading, 0.40): the full-speed pairs are repeats 0 and 2.
     fast, slow, half = (0.40, 0.42), (0.70, 0.66), (0.41, 0.52)

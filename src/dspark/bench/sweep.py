@@ -186,8 +186,9 @@ PROBE_TRIES = 7
 def host_probe_ms(tries: int = PROBE_TRIES) -> float:
     """Milliseconds a fixed piece of host work takes here, the fastest of ``tries``:
     the kind of work an engine's step does around its kernels (list and dict
-    bookkeeping over a batch, a few small NumPy calls), about a millisecond on a 2-core
-    VM. The fastest try leaves out preemptions; what remains is the host's speed."""
+    bookkeeping over a batch, a few small NumPy calls), about half a millisecond on this
+    2-core VM and on the H200 machines' hosts at full speed. The fastest try leaves out
+    preemptions; what remains is the host's speed."""
     best = float("inf")
     values = np.arange(64, dtype=np.int64)
     for _ in range(tries):
