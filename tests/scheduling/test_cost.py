@@ -191,6 +191,13 @@ def test_measured_step_overheads_by_bucket_drafted_apart_and_linear_in_depth():
     cost.record_step(8, 8, 0, 0, 20.0)  # priced 18 ms: its own undrafted line, 2 ms
     assert cost.overhead_ms(8, 0) == pytest.approx(2.0)
     assert cost.overhead_ms(8, 2) == pytest.approx(7.0)  # drafted: still the neighbour's
+    # The lines as reported: 4-7 requests drafted 3 + 2 · depth, undrafted 7 (slope 0);
+    # 8-15 undrafted 2.
+    assert cost.overhead_lines() == {
+        "drafted 4+": pytest.approx((3.0, 2.0)),
+        "undrafted 4+": pytest.approx((7.0, 0.0)),
+        "undrafted 8+": pytest.approx((2.0, 0.0)),
+    }
     with pytest.raises(ValueError, match="cannot admit"):
         cost.record_step(4, 4, 2, 0, 10.0)
     with pytest.raises(ValueError, match="wall_ms"):

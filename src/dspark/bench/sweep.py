@@ -178,6 +178,9 @@ class Measurement:
     # whose probe is not slow was slowed by something else than the host's speed.
     probe_ms: tuple[float, float] = (0.0, 0.0)
     phase_ms: dict[str, float] = field(default_factory=dict)
+    # Adaptive: what its cost model and verifier believed at the end of the run
+    # (``learnt_state``), so that runs that chose differently can be told apart.
+    learnt: dict = field(default_factory=dict)
 
 
 PROBE_TRIES = 7
@@ -200,6 +203,31 @@ def host_probe_ms(tries: int = PROBE_TRIES) -> float:
             float(np.add.accumulate(values[order]).max())
         best = min(best, time.perf_counter() - start)
     return best * 1e3
+
+
+def learnt_state(engine: LLMEngine, num_reqs: int) -> dict:
+    """Adaptive: the drafter's price by depth for ``num_reqs`` requests (index 0: what an
+    undrafted step adds), the measured overhead lines (``ObservedDraftCost``), the
+    population's survival by position and how well a request's rounds predict its next
+    (empty for fixed K and no speculation)."""
+    verifier = getattr(engine, "verifier", None)
+    if verifier is None:
+        return {}
+    model = verifier.cost_model
+    state: dict = {
+        "population_survival": [round(float(s), 4) for s in verifier.population_survival],
+        "predictiveness": round(float(verifier.predictiveness), 4),
+    }
+    by_depth = getattr(model, "draft_costs_by_depth", None)
+    if by_depth is not None:
+        prices = by_depth(num_reqs, verifier.num_positions)
+        state["draft_ms_by_depth"] = [round(float(ms), 4) for ms in prices]
+    lines = getattr(model, "overhead_lines", None)
+    if lines is not None:
+        state["overhead_lines"] = {
+            kind: [round(float(a), 4), round(float(b), 4)] for kind, (a, b) in lines().items()
+        }
+    return state
 
 
 def _phase_medians(stats) -> dict[str, float]:
@@ -315,6 +343,7 @@ def measure(
         gc_s=sum(pauses.seconds),
         probe_ms=probe_ms,
         phase_ms=_phase_medians(stats),
+        learnt=learnt_state(engine, concurrency),
         depth_steps=[stats.depth_steps[d] for d in range(setting.k + 1)]
         if setting.spec == "adaptive"
         else [],
@@ -592,9 +621,10 @@ def summarise(measurements: list[Measurement]) -> dict:
         row[key] = float(np.mean([getattr(m, key) for m in measurements]))
     row["tok_s_runs"] = [round(m.tok_s, 2) for m in measurements]
     row["gc_full_runs"] = [m.gc_full for m in measurements]
-    del row["probe_ms"], row["phase_ms"]  # per run only, below
+    del row["probe_ms"], row["phase_ms"], row["learnt"]  # per run only, below
     row["probe_ms_runs"] = [[round(v, 4) for v in m.probe_ms] for m in measurements]
     row["phase_ms_runs"] = [{k: round(v, 4) for k, v in m.phase_ms.items()} for m in measurements]
+    row["learnt_runs"] = [m.learnt for m in measurements]
     return row
 
 

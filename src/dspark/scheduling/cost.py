@@ -455,6 +455,15 @@ class ObservedDraftCost:
                         if len(v) >= LINE_MIN_STEPS
                     }
 
+    def overhead_lines(self) -> dict[str, tuple[float, float]]:
+        """What the measured steps taught, for reports: per request-count bucket and kind
+        ("drafted 16+": drafted steps of 16-31 requests), the line's (intercept ms, ms a
+        depth) that ``overhead_ms`` reads."""
+        return {
+            f"{'undrafted' if undrafted else 'drafted'} {1 << (bucket - 1)}+": line
+            for (bucket, undrafted), line in sorted(self._overhead.items())
+        }
+
     def draft_cost_ms(self, num_reqs: int, depth: int | None = None) -> float:
         """The drafter's share of a step with ``num_reqs`` requests drafting ``depth``
         positions each (None: the full block), measured overheads included."""
