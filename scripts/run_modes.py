@@ -6,18 +6,17 @@ Prints, per concurrency level and repeat, every setting's tok/s with the host pr
 before and after its run (``host_probe_ms``), whether the host ran at full speed (both
 probes within ``FULL_SPEED`` times the level's fastest, as ``dspark bench``'s verdicts
 judge it) and the medians of its host phases (drafter, apply, forward); then adaptive
-against each fixed K: the paired ratios (same repeat), and those over the repeats whose
-two runs both had the host at full speed.
+against each fixed K as the verdicts give it (``paired_ratios``: the paired ratios, and
+their median over the repeats whose two runs both had the host at full speed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
-from dspark.bench.sweep import FULL_SPEED, fastest_probe
+from dspark.bench.sweep import FULL_SPEED, fastest_probe, paired_ratios
 
 
 def main() -> None:
@@ -45,26 +44,7 @@ def main() -> None:
                 )
         for a in (r for r in at if r["spec"] == "adaptive"):
             for base in (r for r in at if r["spec"] == "fixed"):
-                pairs = list(
-                    zip(
-                        a["tok_s_runs"],
-                        base["tok_s_runs"],
-                        a["probe_ms_runs"],
-                        base["probe_ms_runs"],
-                        strict=True,
-                    )
-                )
-                ratios = [x / y for x, y, _, _ in pairs]
-                line = (
-                    f"  {a['label']} / {base['label']}: paired median "
-                    f"{statistics.median(ratios):.3f} ({len(ratios)})"
-                )
-                full = [x / y for x, y, pa, pb in pairs if max(pa) <= limit and max(pb) <= limit]
-                if full:
-                    line += (
-                        f"; host at full speed in both: {statistics.median(full):.3f} ({len(full)})"
-                    )
-                print(line)
+                print(f"  {a['label']} / {base['label']}:{paired_ratios(a, base, fastest)}")
 
 
 if __name__ == "__main__":
