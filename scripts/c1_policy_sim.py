@@ -12,11 +12,15 @@ the same rounds where their paths cross.
 
     PYTHONPATH=src python scripts/c1_policy_sim.py ROUNDS.npz [MAX_TOKENS]
 
+``PRICES=session30`` prices steps as session 30's H200 run measured them instead
+(``CATCH_UP_MS`` sets the held-back upkeep's catch-up, 0.3 ms by default there).
+
 Prints tokens per ms by policy and each adaptive variant's ratio to the best fixed K.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -33,6 +37,16 @@ DRAFT_MS = np.array([0.526, 2.13, 2.406, 2.682, 2.958, 3.237, 3.516, 3.794])
 # and a drafted step right after an undrafted one 0.4 ms more (held-back context).
 UNDRAFTED_WALL = 3.75
 CATCH_UP_MS = 0.4
+if os.environ.get("PRICES") == "session30":
+    # What whole steps took in session 30's c1 run (H200, b476565; medians of five
+    # repeats): undrafted 3.34 ms, K = 3 4.89 and K = 5 5.28, so drafting d deep about
+    # 4.31 + 0.19 d; the target's share nearly flat in its tokens (the profile: 3.40 ms
+    # at 4 tokens, launch-bound).
+    VERIFY_MS = 3.34 + 0.02 * np.arange(8)
+    DRAFT_MS = 4.31 + 0.19 * np.arange(8) - VERIFY_MS
+    DRAFT_MS[0] = 0.0
+    UNDRAFTED_WALL = 3.34
+    CATCH_UP_MS = float(os.environ.get("CATCH_UP_MS", "0.3"))
 
 
 class PricedCosts:
@@ -120,8 +134,11 @@ def run_adaptive(
     rho=None,
     catch_up=True,
     charge=True,
+    calibrate=False,
+    margin=0.0,
 ):
     verifier = AdaptiveVerifier(1, K, PricedCosts(), max_total_logits=64)
+    verifier.depth_margin = margin
     if decay is not None:
         verifier.population_decay = decay
     if round_decay is not None:
@@ -171,6 +188,10 @@ def run_adaptive(
                 verifier.record(one, conf[None, :])
                 budget = verifier.plan(one, np.array([depth]), np.array([1]), 1)
                 got = min(acc, depth, budget) + 1
+                if calibrate:  # learnt one step late in the engine; at once here
+                    admitted = np.array([min(depth, budget)])
+                    accepted = np.minimum(admitted, acc)
+                    verifier.record_outcomes(conf[None, :], admitted, accepted)
                 # The engine times a step without the held-back upkeep it runs (other
                 # steps' work): the gate sees the drafted step without the catch-up.
                 priced_wall = drafted_wall(depth)
@@ -209,6 +230,11 @@ def main() -> None:
         "  relax 0.2": {"relax": 0.2},
         "  predictiveness 0.3": {"rho": 0.3},
         "  predictiveness 0": {"rho": 0.0},
+        "  calibrated survival": {"calibrate": True},
+        "  calibrated, no gate": {"calibrate": True, "gate": False},
+        "  depth margin 0.02": {"margin": 0.02},
+        "  depth margin 0.05": {"margin": 0.05},
+        "  calibrated, margin 0.02": {"calibrate": True, "margin": 0.02},
     }
     for name, subset in halves.items():
         fixed = {k: run_fixed(subset, k)[0] for k in range(K + 1)}

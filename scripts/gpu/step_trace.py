@@ -12,12 +12,16 @@ in tok/s can be traced to the steps that make it.
 ``MODEL=path.gguf`` (or ``MODEL=default``, the embedded SmolLM2) runs that model with its
 shipped drafter instead (acceptance computed, the trace argument ignored);
 ``SETTINGS=none,fixed,adaptive`` picks the settings (default fixed,adaptive; at K, or
-``fixed:3`` for another K; ``variant=TAG:FIELD=VALUE`` for adaptive with EngineConfig
-fields changed, as ``dspark bench --variant``); ``FULL_WARMUP=1`` warms up on as many
+``fixed:3`` for another K; ``variant=TAG:FIELD=VALUE[,FIELD=VALUE]`` for adaptive with
+EngineConfig fields changed, as ``dspark bench --variant``; separate the settings with
+";" when a variant sets several fields); ``FULL_WARMUP=1`` warms up on as many
 requests and tokens as are measured (``dspark bench --full-warmup``); ``PROFILE=1``
 prints each setting's host hotspots (cProfile, first repeat; its overhead slows that
 repeat, so read its table for shares, not its tok/s); ``TEMPERATURE=1`` samples
-(default greedy).
+(default greedy); ``PHASES=1`` times the engine's host methods one by one
+(``PARTS``); ``FORCE_DEPTH=3`` has every adaptive decision draft that deep (the
+budget and allocation still run), so the host work of adaptive steps can be compared with
+a fixed K's where drafting would not pay (``SHAPE=tiny DEVICE=cpu``).
 """
 
 import cProfile
@@ -108,13 +112,69 @@ def forward_probe(engine) -> dict:
     return probe
 
 
+PARTS = (
+    "_batch_shape",
+    "_drafting_depth",
+    "_timed_flush",
+    "_plan_while_drafting",
+    "_admit_adaptively",
+    "_clock",
+    "_to_device",
+    "_apply",
+    "_take_flush_cost",
+)
+"""``PHASES=1``: the engine methods timed one by one within each step (host ms summed per
+step; ``_clock`` is the device synchronisations around the timed phases), besides the
+plan run while the drafter's passes are queued (``plan in draft``), the gate's record
+(``gate record``) and the scheduler's ``schedule`` (``schedule``)."""
+
+
+def time_parts(engine) -> dict:
+    """Wraps ``PARTS`` (and the plan made while drafting, and the gate's record) with
+    timers; returns the per-step sums, cleared by the caller."""
+    parts: dict = defaultdict(float)
+
+    def timed(name, method):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                parts[name] += (time.perf_counter() - start) * 1e3
+
+        return wrapper
+
+    for name in PARTS:
+        method = getattr(engine, name, None)
+        if method is None:
+            continue
+        if name == "_plan_while_drafting":
+
+            def planning(*args, _method=method, **kwargs):
+                start = time.perf_counter()
+                plan = _method(*args, **kwargs)
+                parts["_plan_while_drafting"] += (time.perf_counter() - start) * 1e3
+                return None if plan is None else timed("plan in draft", plan)
+
+            setattr(engine, name, planning)
+        else:
+            setattr(engine, name, timed(name, method))
+    if engine.gate is not None:
+        engine.gate.record = timed("gate record", engine.gate.record)
+    return parts
+
+
 def traced(engine, log):
     step, schedule = engine.step, engine.scheduler.schedule
     scheduled = []
     probe = forward_probe(engine)
+    parts = time_parts(engine) if os.environ.get("PHASES") else None
 
     def schedule_logged(*args, **kwargs):
+        start = time.perf_counter()
         chunks = schedule(*args, **kwargs)
+        if parts is not None:
+            parts["schedule"] += (time.perf_counter() - start) * 1e3
         # Before the step computes them: which chunks decode, and the prompt tokens.
         scheduled.append(
             ([c.is_decode for c in chunks], sum(c.num_tokens for c in chunks if not c.is_decode))
@@ -133,6 +193,8 @@ def traced(engine, log):
         )
         scheduled.clear()
         probe["take"]()
+        if parts is not None:
+            parts.clear()
         start = time.perf_counter()
         out = step()
         wall = (time.perf_counter() - start) * 1e3
@@ -153,6 +215,7 @@ def traced(engine, log):
                 "forward": stats.forward_ms[-1] if len(stats.forward_ms) > forwards else None,
                 "apply": stats.apply_ms[-1] if len(stats.apply_ms) > applies else None,
                 "phase": (stats.draft_phase_ms[-1] if len(stats.draft_phase_ms) > phases else None),
+                "parts": dict(parts) if parts is not None else None,
                 **split,
             }
         )
@@ -181,6 +244,18 @@ def busy_host_work(engine, micros: float, asleep: bool = False) -> None:
         return out
 
     engine.model.logits = queued_then_busy
+
+
+def force_depth(verifier, depth: int) -> None:
+    """``FORCE_DEPTH``: ``drafting_pays`` priced as usual, then answering ``depth``."""
+    priced = verifier.drafting_pays
+
+    def forced(*args, **kwargs):
+        priced(*args, **kwargs)
+        verifier.probe_depth = depth
+        return depth
+
+    verifier.drafting_pays = forced
 
 
 def classify(entry, adaptive):
@@ -290,6 +365,20 @@ def print_full_batch_by_depth(log, num_reqs, adaptive) -> None:
         ) in sorted(rows.items(), key=lambda kv: str(kv[0]))
     ]
     print(f"  full-batch ({num_reqs}) decode steps by depth:", "; ".join(cells) or "none")
+    timed = [e for e in log if e.get("parts") is not None]
+    if timed:  # PHASES=1: each timed method's median ms per full-batch step, by depth
+        names = sorted({name for e in timed for name in e["parts"]})
+        by_depth = defaultdict(list)
+        for entry in timed:
+            if entry["num_reqs"] != num_reqs or not classify(entry, adaptive).startswith("decode"):
+                continue
+            depth = 0 if entry["undrafted"] else (entry["depth"] if adaptive else "K")
+            by_depth[depth].append(entry["parts"])
+        for depth, entries in sorted(by_depth.items(), key=lambda kv: str(kv[0])):
+            cells = ", ".join(
+                f"{name} {np.median([e.get(name, 0.0) for e in entries]):.3f}" for name in names
+            )
+            print(f"    host parts, depth {depth} ({len(entries)} steps), median ms: {cells}")
     if adaptive and sequence:  # the depth chosen, step by step (runs: depth x count)
         runs = []
         for depth in sequence:
@@ -349,7 +438,8 @@ def main() -> None:
     warm_tokens = Args.max_tokens if full_warmup else max(4, Args.max_tokens // 4)
     warm = SamplingParams(temperature=temperature, max_tokens=warm_tokens)
     settings, arms = [], []
-    for name in os.environ.get("SETTINGS", "fixed,adaptive").split(","):
+    names = os.environ.get("SETTINGS", "fixed,adaptive")
+    for name in names.split(";" if ";" in names else ","):  # ";" when a variant sets several
         # Diagnostic arms: "adaptive-nola" (the look-ahead off: every decision in the
         # step), "fixed:3+busy" (fixed K with BUSY_US of NumPy host work after each
         # forward is queued, where the look-ahead works: does host work there slow the
@@ -370,6 +460,8 @@ def main() -> None:
             engine = engine_for(loaded, setting, concurrency, Args, replay)
             if nola:
                 engine.lookahead = False
+            if os.environ.get("FORCE_DEPTH") and engine.verifier is not None:
+                force_depth(engine.verifier, int(os.environ["FORCE_DEPTH"]))
             if busy or sleep:
                 busy_host_work(engine, float(os.environ.get("BUSY_US", "600")), sleep)
             closed_loop(engine, prompts[:num_warm], warm, concurrency)

@@ -1,0 +1,23 @@
+# Session 31 GPU calls.
+#   bash scripts/gpu/session31.sh parts   (carry .gpu/prompts.npz; no GGUF needed)
+#       The SmolLM2-135M shape (random weights, acceptance REPLAYED from the shipped
+#       drafter's H200 rounds), fixed K = 3 against adaptive drafting forced 3 deep
+#       (FORCE_DEPTH: the same device work, so the step-time gap is adaptive's host
+#       work), every engine host method timed per step (PHASES), at 256 and 64 requests;
+#       then adaptive as it chooses at 256.
+set +e +o pipefail
+export PYTHONPATH=src
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
+python3 -m dspark.bench.provenance
+trace() {  # CONCURRENCY REPEATS OUTFILE [env...]
+  local c=$1 r=$2 f=$3; shift 3
+  env SHAPE=smollm2-135m FULL_WARMUP=1 PHASES=1 "$@" \
+    timeout ${LIMIT:-170} python3 scripts/gpu/step_trace.py "$c" 7 "" 128 "$r" > "$OUT/$f" 2>&1
+  grep -E "^===|full-batch \(|host parts|depth steps" "$OUT/$f" | cut -c1-400
+}
+case "$1" in
+  parts)
+    trace 256 2 trace_c256_forced3.txt FORCE_DEPTH=3 SETTINGS="fixed:3;adaptive"
+    trace 64 2 trace_c64_forced3.txt FORCE_DEPTH=3 SETTINGS="fixed:3;adaptive"
+    trace 256 1 trace_c256_free.txt SETTINGS="fixed:3;adaptive" ;;
+esac
