@@ -5,6 +5,8 @@
 #       (FORCE_DEPTH: the same device work, so the step-time gap is adaptive's host
 #       work), every engine host method timed per step (PHASES), at 256 and 64 requests;
 #       then adaptive as it chooses at 256.
+#   bash scripts/gpu/session31.sh depths  (the same carry) adaptive forced 1-5 deep
+#       against K = 3 at 256 and 16: what each depth costs and earns on this device.
 set +e +o pipefail
 export PYTHONPATH=src
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
@@ -20,4 +22,9 @@ case "$1" in
     trace 256 2 trace_c256_forced3.txt FORCE_DEPTH=3 SETTINGS="fixed:3;adaptive"
     trace 64 2 trace_c64_forced3.txt FORCE_DEPTH=3 SETTINGS="fixed:3;adaptive"
     trace 256 1 trace_c256_free.txt SETTINGS="fixed:3;adaptive" ;;
+esac
+case "$1" in
+  depths)  # what each drafting depth costs and earns at 256 and 16, the host work alike
+    trace 256 2 trace_c256_depths.txt SETTINGS="fixed:3;adaptive@1;adaptive@2;adaptive@3;adaptive@4;adaptive@5"
+    trace 16 2 trace_c16_depths.txt SETTINGS="fixed:3;adaptive@2;adaptive@3;adaptive@4;adaptive@5" ;;
 esac

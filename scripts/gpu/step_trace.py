@@ -20,8 +20,9 @@ prints each setting's host hotspots (cProfile, first repeat; its overhead slows 
 repeat, so read its table for shares, not its tok/s); ``TEMPERATURE=1`` samples
 (default greedy); ``PHASES=1`` times the engine's host methods one by one
 (``PARTS``); ``FORCE_DEPTH=3`` has every adaptive decision draft that deep (the
-budget and allocation still run), so the host work of adaptive steps can be compared with
-a fixed K's where drafting would not pay (``SHAPE=tiny DEVICE=cpu``).
+budget and allocation still run; the throughput gate is off), so the host work of adaptive steps can be compared with
+a fixed K's where drafting would not pay (``SHAPE=tiny DEVICE=cpu``); a setting
+``adaptive@2`` forces that one setting's decisions 2 deep.
 """
 
 import cProfile
@@ -449,6 +450,10 @@ def main() -> None:
             settings.append(parse_variant(name.removeprefix("variant="), k))
             arms.append((name, False, False, False))
             continue
+        if name.startswith("adaptive@"):  # "adaptive@2": adaptive, every decision 2 deep
+            settings.append(Setting("adaptive", k))
+            arms.append((name, False, False, False))
+            continue
         base, sleep = name.removesuffix("+sleep"), name.endswith("+sleep")
         base, busy = base.removesuffix("+busy"), base.endswith("+busy")
         base, nola = base.removesuffix("-nola"), base.endswith("-nola")
@@ -460,8 +465,10 @@ def main() -> None:
             engine = engine_for(loaded, setting, concurrency, Args, replay)
             if nola:
                 engine.lookahead = False
-            if os.environ.get("FORCE_DEPTH") and engine.verifier is not None:
-                force_depth(engine.verifier, int(os.environ["FORCE_DEPTH"]))
+            forced = arm.partition("@")[2] or os.environ.get("FORCE_DEPTH")
+            if forced and engine.verifier is not None:
+                force_depth(engine.verifier, int(forced))
+                engine.gate = None  # nothing vetoes the forced depth
             if busy or sleep:
                 busy_host_work(engine, float(os.environ.get("BUSY_US", "600")), sleep)
             closed_loop(engine, prompts[:num_warm], warm, concurrency)
