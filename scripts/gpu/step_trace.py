@@ -20,9 +20,10 @@ prints each setting's host hotspots (cProfile, first repeat; its overhead slows 
 repeat, so read its table for shares, not its tok/s); ``TEMPERATURE=1`` samples
 (default greedy); ``PHASES=1`` times the engine's host methods one by one
 (``PARTS``); ``FORCE_DEPTH=3`` has every adaptive decision draft that deep (the
-budget and allocation still run; the throughput gate is off), so the host work of adaptive steps can be compared with
-a fixed K's where drafting would not pay (``SHAPE=tiny DEVICE=cpu``); a setting
-``adaptive@2`` forces that one setting's decisions 2 deep.
+budget and allocation still run; the throughput gate is off), so the host work of
+adaptive steps can be compared with a fixed K's where drafting would not pay
+(``SHAPE=tiny DEVICE=cpu``); a setting ``adaptive@2`` forces that one setting's
+decisions 2 deep.
 """
 
 import cProfile
