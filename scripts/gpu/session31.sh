@@ -6,7 +6,9 @@
 #       work), every engine host method timed per step (PHASES), at 256 and 64 requests;
 #       then adaptive as it chooses at 256.
 #   bash scripts/gpu/session31.sh depths  (the same carry) adaptive forced 1-5 deep
-#       against K = 3 at 256 and 16: what each depth costs and earns on this device.
+#       against K = 3 at 256 and adaptive with and without the overhead slope memory;
+#       K = 3 and 4 and adaptive forced 3 and 4 deep at 16: what each depth costs and
+#       earns on this device.
 set +e +o pipefail
 export PYTHONPATH=src
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
@@ -25,6 +27,6 @@ case "$1" in
 esac
 case "$1" in
   depths)  # what each drafting depth costs and earns at 256 and 16, the host work alike
-    trace 256 2 trace_c256_depths.txt SETTINGS="fixed:3;adaptive@1;adaptive@2;adaptive@3;adaptive@4;adaptive@5"
-    trace 16 2 trace_c16_depths.txt SETTINGS="fixed:3;adaptive@2;adaptive@3;adaptive@4;adaptive@5" ;;
+    trace 256 2 trace_c256_depths.txt SETTINGS="fixed:3;adaptive@1;adaptive@2;adaptive@3;adaptive@4;adaptive@5;adaptive;variant=nomem:overhead_slope_memory=false"
+    trace 16 2 trace_c16_depths.txt SETTINGS="fixed:3;fixed:4;adaptive@3;adaptive@4" ;;
 esac

@@ -318,6 +318,49 @@ def test_one_measured_depth_prices_the_others_optimistically():
     assert unknown.overhead_ms(4, None) == pytest.approx(9.0)
 
 
+def test_a_bucket_settled_on_one_depth_prices_shallower_ones_down_its_measured_slope():
+    from dspark.scheduling import build_depth_costs
+    from dspark.scheduling.cost import OVERHEAD_WINDOW, ObservedDraftCost
+
+    # As above: verify T tokens 10 + T ms, drafting d deep d ms, K = 3.
+    tables = build_cost_tables([(1, 3.0), (8, 3.0)], [(1, 11.0), (2, 12.0), (64, 74.0)], 8, 64, 1)
+    depth = build_depth_costs({1: [(1, 1.0), (8, 1.0)], 3: [(1, 3.0), (8, 3.0)]}, 3, 8)
+    kept = ObservedDraftCost(tables, depth_ms=depth)
+    ramped = ObservedDraftCost(tables, depth_ms=depth, slope_memory=False)
+    for cost in (kept, ramped):
+        cost.record_step(4, 4, 0, 0, 16.0)  # undrafted: priced 14, missed 2
+        for _ in range(3):
+            cost.record_step(4, 4, 4, 1, 24.0)  # 1 deep: priced 19, missed 5
+            cost.record_step(4, 4, 12, 3, 38.0)  # 3 deep: priced 29, missed 9
+        # Both depths in the window: the line 3 + 2 · depth, with or without memory.
+        assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 7.0, 9.0])
+        for _ in range(OVERHEAD_WINDOW):  # then 3 deep only: the window holds one depth
+            cost.record_step(4, 4, 12, 3, 38.0)
+    # Without memory the shallower depths ramp from the undrafted 2 ms up to 9 (nearly
+    # free, and drafted again to be measured); with it, down the slope of 2 measured.
+    assert [ramped.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([13 / 3, 20 / 3, 9.0])
+    assert [kept.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 7.0, 9.0])
+    np.testing.assert_allclose(kept.draft_costs_by_depth(4, 3), [2.0, 6.0, 9.0, 12.0])
+    # Steeper than the ramp, the memory is not used below it (never more optimistic).
+    steep = ObservedDraftCost(tables, depth_ms=depth)
+    steep.record_step(4, 4, 0, 0, 16.0)
+    for _ in range(3):
+        steep.record_step(4, 4, 4, 1, 20.0)  # missed 1
+        steep.record_step(4, 4, 12, 3, 38.0)  # missed 9: slope 4
+    for _ in range(OVERHEAD_WINDOW):
+        steep.record_step(4, 4, 12, 3, 38.0)
+    assert [steep.overhead_ms(4, d) for d in (1, 2)] == pytest.approx([13 / 3, 20 / 3])
+    # Deeper than the depth settled on: flat, as without memory (a slope measured too
+    # steep is corrected by drafting deeper again).
+    shallow = ObservedDraftCost(tables, depth_ms=depth)
+    for _ in range(3):
+        shallow.record_step(4, 4, 4, 1, 24.0)
+        shallow.record_step(4, 4, 12, 3, 38.0)
+    for _ in range(OVERHEAD_WINDOW):
+        shallow.record_step(4, 4, 4, 1, 24.0)
+    assert [shallow.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 5.0, 5.0])
+
+
 def test_one_outlying_step_does_not_drag_the_learnt_depth_line():
     from dspark.scheduling.cost import _depth_line
 

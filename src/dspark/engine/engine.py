@@ -132,6 +132,11 @@ class EngineConfig:
     # (``ObservedDraftCost``), or "depth", each depth's own median where it was measured
     # often enough, the line elsewhere (session 29's A/Bs: no gain on the H200 nor here).
     overhead_fit: str = "line"
+    # Adaptive: once drafted steps of a batch size have shown what a depth costs (two
+    # depths or more measured), shallower depths are priced down that slope when the
+    # engine settles on one depth, not as nearly free (``ObservedDraftCost``,
+    # ``slope_memory``; session 31).
+    overhead_slope_memory: bool = True
     # Adaptive: read each step's measured time at the recent steps' mean context before
     # the cost model learns from it, by what the start-up profile measured a key row of
     # attention to cost (``ObservedDraftCost`` ``key_row_ms``), so that the context's
@@ -463,6 +468,7 @@ class LLMEngine:
                     num_positions=config.num_drafts,
                     overhead_fit=config.overhead_fit,
                     key_row_ms=profile.key_row_ms if config.context_rows else 0.0,
+                    slope_memory=config.overhead_slope_memory,
                 )
             self.gate = ThroughputGate() if config.throughput_gate else None
             self.lookahead = config.lookahead == "on" or (

@@ -215,6 +215,20 @@ class ObservedDraftCost:
       one-deep drafting out of use on this CPU at temperature 1: 28 ms missed at depth
       7 was charged to depth 1 as well, and the engine stopped drafting).
 
+      ``slope_memory``: a bucket whose window held two depths or more has measured a
+      slope; when its window later holds one depth again (the engine settled on it),
+      shallower depths are priced from that depth's level down the last slope measured,
+      never below the ramp above, instead of by the ramp alone. The ramp prices
+      shallower drafts as nearly free where the drafter's pass costs about the same at
+      any depth: the SmolLM2 shape on an H200 at 256 requests (session 31, acceptance
+      replayed), drafting held 3 deep, priced drafting 1 and 2 deep 4.2 and 2.1 ms
+      below 3 deep (in a 29 ms step); left to choose, it went back to 1 or 2 deep in
+      runs of 3-6 steps between runs at 3-5 (a depth seen fewer than
+      ``LINE_MIN_STEPS`` times stays priced by the ramp), and its full-batch steps 1
+      and 2 deep emitted 15.0 and 16.3 tokens a ms against 16.8 at 3 deep. Deeper
+      depths stay priced as the measured one (optimistic), so a slope measured too
+      steep is still corrected by drafting deeper.
+
     Machine speed (``record_step``'s ``forward_ms``): a machine whose speed wanders (a
     shared CPU: this 2-core VM's forward at one request runs 0.65-1.3x its profiled time
     from one second to the next) makes the two windows above disagree: drafted steps
@@ -246,6 +260,7 @@ class ObservedDraftCost:
         num_positions: int | None = None,
         overhead_fit: str = "line",
         key_row_ms: float = 0.0,
+        slope_memory: bool = True,
     ) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
@@ -274,6 +289,10 @@ class ObservedDraftCost:
         self._overhead: dict[tuple[int, bool], tuple[float, float]] = {}
         # Drafted buckets whose window holds one depth so far: that depth.
         self._one_depth: dict[tuple[int, bool], int] = {}
+        # Drafted buckets' last slope measured through two depths or more (class doc,
+        # ``slope_memory``).
+        self.slope_memory = slope_memory
+        self._slopes: dict[tuple[int, bool], float] = {}
         # overhead_fit "depth": drafted buckets' own median at each depth the window
         # holds ``LINE_MIN_STEPS`` times or more (other depths: the line), for costs that
         # do not grow as a line does. (Built when SmolLM2's steps on an H200 ran ~0.6 ms
@@ -359,8 +378,15 @@ class ObservedDraftCost:
         undrafted = self._fit(num_reqs, True)
         start = 0.0 if undrafted is None else undrafted[0]
         if intercept <= start:
-            return intercept + 0.0 * depths
-        return start + (intercept - start) * np.minimum(depths, measured) / measured
+            ramp = intercept + 0.0 * depths
+        else:
+            ramp = start + (intercept - start) * np.minimum(depths, measured) / measured
+        slope = self._slopes.get(key)
+        if slope is None:
+            return ramp
+        # Shallower: down the slope measured before, never below the ramp (class doc).
+        remembered = intercept - slope * np.maximum(measured - depths, 0)
+        return np.maximum(ramp, remembered)
 
     def _fit(self, num_reqs: int, undrafted: bool) -> tuple[float, float] | None:
         """The overhead line of ``num_reqs``'s bucket, or of the nearest bucket measured
@@ -448,6 +474,8 @@ class ObservedDraftCost:
                 self._one_depth[key] = next(iter(depths))
             else:
                 self._one_depth.pop(key, None)
+                if self.slope_memory:
+                    self._slopes[key] = self._overhead[key][1]
                 if self.overhead_fit == "depth":
                     self._depth_medians[key] = {
                         d: statistics.median(v)
