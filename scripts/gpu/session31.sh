@@ -9,6 +9,8 @@
 #       against K = 3 at 256 and adaptive with and without the overhead slope memory;
 #       K = 3 and 4 and adaptive forced 3 and 4 deep at 16: what each depth costs and
 #       earns on this device.
+#   bash scripts/gpu/session31.sh ab  (GGUF staged; see the mode) SmolLM2 + the shipped
+#       drafter: K = 3, adaptive and adaptive without the slope memory at 256 and 64.
 set +e +o pipefail
 export PYTHONPATH=src
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
@@ -29,4 +31,26 @@ case "$1" in
   depths)  # what each drafting depth costs and earns at 256 and 16, the host work alike
     trace 256 2 trace_c256_depths.txt SETTINGS="fixed:3;adaptive@1;adaptive@2;adaptive@3;adaptive@4;adaptive@5;adaptive;variant=nomem:overhead_slope_memory=false"
     trace 16 2 trace_c16_depths.txt SETTINGS="fixed:3;fixed:4;adaptive@3;adaptive@4" ;;
+esac
+case "$1" in
+  ab)  # SmolLM2 + the shipped drafter (GGUF staged by stage_piece.sh p1 .. p6; carry
+       # .gpu/p7 .gpu/wheels .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256):
+       # K = 3, adaptive, adaptive without the overhead slope memory, at 256 and 64
+    bash scripts/gpu/stage_piece.sh p7 >/dev/null 2>&1 || true
+    source scripts/gpu/env.sh
+    set +e +o pipefail
+    common="--model $G --device cuda --dtype bfloat16 --prompts .gpu/prompts.npz --drafter dspark
+      --max-tokens 128 --full-warmup --freeze-gc --no-baseline --fixed 3
+      --variant nomem:overhead_slope_memory=false"
+    timeout ${LIMIT256:-250} python3 -m dspark.cli bench $common --concurrency 256 \
+      --min-requests 256 --repeats ${REPEATS256:-4} --out "$OUT/ab256" 2>&1 \
+      | grep -v "it/s\]\|s/it\]" | tail -8
+    timeout ${LIMIT64:-200} python3 -m dspark.cli bench $common --concurrency 64 \
+      --min-requests 128 --repeats ${REPEATS64:-4} --out "$OUT/ab64" 2>&1 \
+      | grep -v "it/s\]\|s/it\]" | tail -8
+    for t in ab256 ab64; do
+      for f in "$OUT/$t"/profiles/*.json; do [ -f "$f" ] && mv "$f" "$OUT/$t/"; done
+      rm -rf "$OUT/$t/profiles"
+      [ -f "$OUT/$t/bench.json" ] && python3 scripts/run_modes.py "$OUT/$t/bench.json"
+    done ;;
 esac
