@@ -10,7 +10,8 @@
 #       K = 3 and 4 and adaptive forced 3 and 4 deep at 16: what each depth costs and
 #       earns on this device.
 #   bash scripts/gpu/session31.sh ab  (GGUF staged; see the mode) SmolLM2 + the shipped
-#       drafter: K = 3, adaptive and adaptive without the slope memory at 256 and 64.
+#       drafter: K = 3, adaptive and adaptive without the slope memory at 256 and 64
+#       (ab_low: at 16 and 1).
 set +e +o pipefail
 export PYTHONPATH=src
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
@@ -33,7 +34,7 @@ case "$1" in
     trace 16 2 trace_c16_depths.txt SETTINGS="fixed:3;fixed:4;adaptive@3;adaptive@4" ;;
 esac
 case "$1" in
-  ab)  # SmolLM2 + the shipped drafter (GGUF staged by stage_piece.sh p1 .. p6; carry
+  ab|ab_low)  # SmolLM2 + the shipped drafter (GGUF staged by stage_piece.sh p1 .. p6; carry
        # .gpu/p7 .gpu/wheels .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256):
        # K = 3, adaptive, adaptive without the overhead slope memory, at 256 and 64
     bash scripts/gpu/stage_piece.sh p7 >/dev/null 2>&1 || true
@@ -42,13 +43,24 @@ case "$1" in
     common="--model $G --device cuda --dtype bfloat16 --prompts .gpu/prompts.npz --drafter dspark
       --max-tokens 128 --full-warmup --freeze-gc --no-baseline --fixed 3
       --variant nomem:overhead_slope_memory=false"
-    timeout ${LIMIT256:-250} python3 -m dspark.cli bench $common --concurrency 256 \
-      --min-requests 256 --repeats ${REPEATS256:-4} --out "$OUT/ab256" 2>&1 \
-      | grep -v "it/s\]\|s/it\]" | tail -8
-    timeout ${LIMIT64:-200} python3 -m dspark.cli bench $common --concurrency 64 \
-      --min-requests 128 --repeats ${REPEATS64:-4} --out "$OUT/ab64" 2>&1 \
-      | grep -v "it/s\]\|s/it\]" | tail -8
-    for t in ab256 ab64; do
+    if [ "$1" = ab ]; then
+      timeout ${LIMIT256:-250} python3 -m dspark.cli bench $common --concurrency 256 \
+        --min-requests 256 --repeats ${REPEATS256:-4} --out "$OUT/ab256" 2>&1 \
+        | grep -v "it/s\]\|s/it\]" | tail -8
+      timeout ${LIMIT64:-200} python3 -m dspark.cli bench $common --concurrency 64 \
+        --min-requests 128 --repeats ${REPEATS64:-4} --out "$OUT/ab64" 2>&1 \
+        | grep -v "it/s\]\|s/it\]" | tail -8
+      tags="ab256 ab64"
+    else  # ab_low: the same at 16 and 1
+      timeout ${LIMIT16:-220} python3 -m dspark.cli bench $common --concurrency 16 \
+        --min-requests 128 --repeats ${REPEATS16:-4} --out "$OUT/ab16" 2>&1 \
+        | grep -v "it/s\]\|s/it\]" | tail -8
+      timeout ${LIMIT1:-200} python3 -m dspark.cli bench $common --concurrency 1 \
+        --min-requests 8 --repeats ${REPEATS1:-5} --out "$OUT/ab1" 2>&1 \
+        | grep -v "it/s\]\|s/it\]" | tail -8
+      tags="ab16 ab1"
+    fi
+    for t in $tags; do
       for f in "$OUT/$t"/profiles/*.json; do [ -f "$f" ] && mv "$f" "$OUT/$t/"; done
       rm -rf "$OUT/$t/profiles"
       [ -f "$OUT/$t/bench.json" ] && python3 scripts/run_modes.py "$OUT/$t/bench.json"
