@@ -325,8 +325,8 @@ def test_a_bucket_settled_on_one_depth_prices_shallower_ones_down_its_measured_s
     # As above: verify T tokens 10 + T ms, drafting d deep d ms, K = 3.
     tables = build_cost_tables([(1, 3.0), (8, 3.0)], [(1, 11.0), (2, 12.0), (64, 74.0)], 8, 64, 1)
     depth = build_depth_costs({1: [(1, 1.0), (8, 1.0)], 3: [(1, 3.0), (8, 3.0)]}, 3, 8)
-    kept = ObservedDraftCost(tables, depth_ms=depth)
-    ramped = ObservedDraftCost(tables, depth_ms=depth, slope_memory=False)
+    kept = ObservedDraftCost(tables, depth_ms=depth, slope_memory=True)
+    ramped = ObservedDraftCost(tables, depth_ms=depth)  # the default: no memory
     for cost in (kept, ramped):
         cost.record_step(4, 4, 0, 0, 16.0)  # undrafted: priced 14, missed 2
         for _ in range(3):
@@ -342,7 +342,7 @@ def test_a_bucket_settled_on_one_depth_prices_shallower_ones_down_its_measured_s
     assert [kept.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 7.0, 9.0])
     np.testing.assert_allclose(kept.draft_costs_by_depth(4, 3), [2.0, 6.0, 9.0, 12.0])
     # Steeper than the ramp, the memory is not used below it (never more optimistic).
-    steep = ObservedDraftCost(tables, depth_ms=depth)
+    steep = ObservedDraftCost(tables, depth_ms=depth, slope_memory=True)
     steep.record_step(4, 4, 0, 0, 16.0)
     for _ in range(3):
         steep.record_step(4, 4, 4, 1, 20.0)  # missed 1
@@ -352,7 +352,7 @@ def test_a_bucket_settled_on_one_depth_prices_shallower_ones_down_its_measured_s
     assert [steep.overhead_ms(4, d) for d in (1, 2)] == pytest.approx([13 / 3, 20 / 3])
     # Deeper than the depth settled on: flat, as without memory (a slope measured too
     # steep is corrected by drafting deeper again).
-    shallow = ObservedDraftCost(tables, depth_ms=depth)
+    shallow = ObservedDraftCost(tables, depth_ms=depth, slope_memory=True)
     for _ in range(3):
         shallow.record_step(4, 4, 4, 1, 24.0)
         shallow.record_step(4, 4, 12, 3, 38.0)

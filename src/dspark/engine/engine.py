@@ -135,8 +135,9 @@ class EngineConfig:
     # Adaptive: once drafted steps of a batch size have shown what a depth costs (two
     # depths or more measured), shallower depths are priced down that slope when the
     # engine settles on one depth, not as nearly free (``ObservedDraftCost``,
-    # ``slope_memory``; session 31).
-    overhead_slope_memory: bool = True
+    # ``slope_memory``). Off by default: no consistent gain on the H200 (session 31,
+    # docs/bench/h200_smollm2.md).
+    overhead_slope_memory: bool = False
     # Adaptive: read each step's measured time at the recent steps' mean context before
     # the cost model learns from it, by what the start-up profile measured a key row of
     # attention to cost (``ObservedDraftCost`` ``key_row_ms``), so that the context's

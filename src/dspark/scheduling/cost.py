@@ -227,7 +227,10 @@ class ObservedDraftCost:
       ``LINE_MIN_STEPS`` times stays priced by the ramp), and its full-batch steps 1
       and 2 deep emitted 15.0 and 16.3 tokens a ms against 16.8 at 3 deep. Deeper
       depths stay priced as the measured one (optimistic), so a slope measured too
-      steep is still corrected by drafting deeper.
+      steep is still corrected by drafting deeper. Off by default: SmolLM2 + the shipped
+      drafter on an H200 (session 31, four or five interleaved repeats per level) ran
+      without it 1.003x, 1.074x, 0.954x and 1.023x as fast as with it at 256, 64, 16
+      and 1 requests, no consistent difference beside the host's own speed changes.
 
     Machine speed (``record_step``'s ``forward_ms``): a machine whose speed wanders (a
     shared CPU: this 2-core VM's forward at one request runs 0.65-1.3x its profiled time
@@ -260,7 +263,7 @@ class ObservedDraftCost:
         num_positions: int | None = None,
         overhead_fit: str = "line",
         key_row_ms: float = 0.0,
-        slope_memory: bool = True,
+        slope_memory: bool = False,
     ) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
