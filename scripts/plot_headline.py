@@ -63,6 +63,12 @@ PANELS = [
             ("s30 b476565", "h200/session30/c256_x4"),
             ("s30 df60cc9", "h200/session30/ab_c1_nogate_x6"),
             ("s30 df60cc9", "h200/session30/ab_c256_pad0_nola_x3"),
+            # Session 31: run with the overhead slope memory on by default; its "nomem"
+            # variant is the default now (no consistent gain from the memory).
+            ("s31 f4b82b0", "h200/session31/ab256", "adaptive≤7 nomem"),
+            ("s31 f4b82b0", "h200/session31/ab64", "adaptive≤7 nomem"),
+            ("s31 f4b82b0", "h200/session31/ab16", "adaptive≤7 nomem"),
+            ("s31 f4b82b0", "h200/session31/ab1", "adaptive≤7 nomem"),
         ],
     ),
     (

@@ -12,6 +12,8 @@
 #   bash scripts/gpu/session31.sh ab  (GGUF staged; see the mode) SmolLM2 + the shipped
 #       drafter: K = 3, adaptive and adaptive without the slope memory at 256 and 64
 #       (ab_low: at 16 and 1).
+#   bash scripts/gpu/session31.sh trace16  (staged as for ab) SmolLM2 + the shipped
+#       drafter at 16 requests: K = 3, K = 4 and adaptive, step by step (PHASES).
 set +e +o pipefail
 export PYTHONPATH=src
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
@@ -65,4 +67,15 @@ case "$1" in
       rm -rf "$OUT/$t/profiles"
       [ -f "$OUT/$t/bench.json" ] && python3 scripts/run_modes.py "$OUT/$t/bench.json"
     done ;;
+esac
+case "$1" in
+  trace16)  # SmolLM2 + the shipped drafter (staged as for ab): K = 3, K = 4 and adaptive
+            # at 16 requests, step by step, host methods timed
+    bash scripts/gpu/stage_piece.sh p7 >/dev/null 2>&1 || true
+    source scripts/gpu/env.sh
+    set +e +o pipefail
+    MODEL=$G PHASES=1 FULL_WARMUP=1 SETTINGS="fixed:3;fixed:4;adaptive" timeout ${LIMIT:-200} \
+      python3 scripts/gpu/step_trace.py 16 7 "" 128 2 > "$OUT/trace_c16_smollm2.txt" 2>&1
+    grep -E "^===|full-batch \(|host parts|depth steps|budgets:" "$OUT/trace_c16_smollm2.txt" \
+      | cut -c1-600 ;;
 esac
