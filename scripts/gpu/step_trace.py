@@ -27,6 +27,7 @@ decisions 2 deep.
 """
 
 import cProfile
+import gc
 import os
 import pstats
 import sys
@@ -570,6 +571,7 @@ def main() -> None:
                     p50, p90 = np.median(walls), np.percentile(walls, 90)
                     print(f"  decode wall p50 {p50:.2f} p90 {p90:.2f} ms")
             del engine
+            gc.collect()  # its reference cycles, now (as dspark bench), not mid-capture
             if Args.device == "cuda":
                 torch.cuda.empty_cache()
 

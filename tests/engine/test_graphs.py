@@ -348,3 +348,39 @@ def test_steps_replaying_a_cover_are_counted_with_their_padding(tiny, monkeypatc
         runner.run(tables, num_cached, num_query, ids)
     assert (runner.num_covered, runner.covered_tokens) == (1, 8)
     assert runner.num_runs == 2
+
+
+def test_a_capture_runs_with_the_cycle_collector_off(monkeypatch):
+    """No cycle collection may free CUDA memory or graphs inside a stream capture: the
+    collector is off while the body is captured, and back on afterwards (also when the
+    capture fails)."""
+    import contextlib
+    import gc
+
+    from dspark.engine.graphs import capture_graph
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
+    seen = []
+
+    def body():
+        seen.append(gc.isenabled())
+        return "outputs"
+
+    assert gc.isenabled()
+    assert capture_graph(body, None, warm_up=False) == ("graph", "outputs")
+    assert seen == [False] and gc.isenabled()
+
+    def failing():
+        raise RuntimeError("capture failed")
+
+    with pytest.raises(RuntimeError, match="capture failed"):
+        capture_graph(failing, None, warm_up=False)
+    assert gc.isenabled()
+    # A caller that had turned the collector off keeps it off.
+    gc.disable()
+    try:
+        capture_graph(body, None, warm_up=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -36,6 +36,7 @@ once.
 from __future__ import annotations
 
 import bisect
+import gc
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -205,7 +206,16 @@ def capture_graph(
     """``body()`` captured as a CUDA graph in memory ``pool`` (None: a new one); returns
     the graph and the body's outputs (the graph's own buffers). ``warm_up`` first runs
     the body once on a side stream, as a runner's first capture must (cuBLAS handles and
-    workspaces are created lazily, which capturing cannot do)."""
+    workspaces are created lazily, which capturing cannot do).
+
+    The cycle collector is off while capturing: a collection that lands inside the
+    capture and frees the CUDA memory or graphs of objects no longer used (an engine
+    dropped earlier, whose scheduler and engine refer to each other) would make calls
+    that a stream capture does not allow. That is the likely cause of the one capture
+    that failed so far ("operation failed due to a previous error during capture",
+    session 31: ``scripts/gpu/step_trace.py``'s fifth engine in one process, when it did
+    not yet collect between engines as ``dspark bench`` does). ``torch.cuda.graph``
+    collects before it begins."""
     if warm_up:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -213,8 +223,14 @@ def capture_graph(
             body()
         torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        outputs = body()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            outputs = body()
+    finally:
+        if collecting:
+            gc.enable()
     return graph, outputs
 
 
