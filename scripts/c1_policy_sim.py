@@ -26,7 +26,7 @@ import sys
 import numpy as np
 
 from dspark.scheduling import AdaptiveVerifier
-from dspark.scheduling.gate import ThroughputGate
+from dspark.scheduling.gate import ALONE_CONFIDENCE, ThroughputGate
 
 K = 7
 # The cost model's prices at one request (session 13 decision log, H200, SmolLM2):
@@ -136,6 +136,7 @@ def run_adaptive(
     charge=True,
     calibrate=False,
     margin=0.0,
+    alone_confidence=None,
 ):
     verifier = AdaptiveVerifier(1, K, PricedCosts(), max_total_logits=64)
     verifier.depth_margin = margin
@@ -143,7 +144,9 @@ def run_adaptive(
         verifier.population_decay = decay
     if round_decay is not None:
         verifier.population_round_decay = round_decay
-    the_gate = ThroughputGate() if gate else None
+    if alone_confidence is None:  # the veto's bounds at one request: as shipped
+        alone_confidence = ALONE_CONFIDENCE
+    the_gate = ThroughputGate(alone_confidence=alone_confidence) if gate else None
     tokens = ms = 0.0
     counts = {"undrafted": 0, "drafted": 0, "probes": 0, "vetoes": 0}
     one = np.array([0])
@@ -235,6 +238,9 @@ def main() -> None:
         "  depth margin 0.02": {"margin": 0.02},
         "  depth margin 0.05": {"margin": 0.05},
         "  calibrated, margin 0.02": {"calibrate": True, "margin": 0.02},
+        "  veto bounds 1 error wide (before s31)": {"alone_confidence": 1.0},
+        "  veto bounds 2 errors wide": {"alone_confidence": 2.0},
+        "  veto bounds 6 errors wide": {"alone_confidence": 6.0},
     }
     for name, subset in halves.items():
         fixed = {k: run_fixed(subset, k)[0] for k in range(K + 1)}

@@ -665,3 +665,15 @@ def test_steps_that_replayed_a_larger_graph_are_learnt_with_their_padding(
         profile_path=str(tmp_path / "profile.json"),
     )
     assert seen and set(seen) == {16}
+
+
+def test_the_gate_at_one_request_takes_the_configured_veto_width(tiny):
+    """``EngineConfig.gate_alone_confidence`` reaches the throughput gate (3 by default:
+    ``gate.ALONE_CONFIDENCE``); a negative width is refused."""
+    widths = []
+    for extra in ({}, {"gate_alone_confidence": 1.0}):
+        config = EngineConfig(spec="adaptive", num_drafts=3, kv_cache_tokens=4096, **extra)
+        widths.append(LLMEngine(tiny, config, cost_model=CheapCost(3)).gate.alone_confidence)
+    assert widths == [3.0, 1.0]
+    with pytest.raises(ValueError, match="gate_alone_confidence"):
+        EngineConfig(gate_alone_confidence=-1.0)

@@ -77,6 +77,8 @@ def test_bad_arguments_are_errors():
         ThroughputGate(explore_every=1)
     with pytest.raises(ValueError, match="confidence"):
         ThroughputGate(confidence=-1.0)
+    with pytest.raises(ValueError, match="alone_confidence"):
+        ThroughputGate(alone_confidence=float("nan"))
     with pytest.raises(ValueError, match="min_steps"):
         ThroughputGate(window=2, min_steps=3)
     with pytest.raises(ValueError, match="wall time"):
@@ -313,18 +315,49 @@ def test_close_rates_do_not_overrule_the_cost_model():
 
 def test_the_drafted_arms_unseen_spread_shrinks_with_the_batch():
     """Drafted 124 tokens in 18 ms (6.889 tokens/ms), undrafted 64 in 9 ms (7.111), every
-    step alike. By hand: the drafted bound is 6.889 + 6.889 / 16 = 7.32 at one request
-    (drafting is given the benefit of the doubt) and 6.889 + 6.889 / (16 x sqrt(64)) =
-    6.943 at 64, under the undrafted 7.111 (no spread): not drafted but to explore."""
+    step alike. By hand: one standard error of the drafted rate is 6.889 / 16 = 0.431 at
+    one request and 6.889 / (16 x sqrt(64)) = 0.054 at 64. At 64 the bound (one error
+    wide) is 6.943, under the undrafted 7.111 (no spread): not drafted but to explore. At
+    one request it is 6.889 + 3 x 0.431 = 8.181 (``ALONE_CONFIDENCE``; 7.32 one error
+    wide would lead too): drafting is given the benefit of the doubt, and the undrafted
+    arm is explored once in (1 - 7.111 / 8.181) / EXPLORE_SHARE = 52 decisions."""
+    from dspark.scheduling.gate import ALONE_CONFIDENCE
+
+    assert ALONE_CONFIDENCE == 3.0
     choices = {}
     for num_reqs in (1, 64):
         gate = ThroughputGate(explore_every=32, window=16, min_steps=3)
         for _ in range(16):
             gate.record(num_reqs, True, 124, 18.0)
             gate.record(num_reqs, False, 64, 9.0)
-        choices[num_reqs] = [gate.should_draft(num_reqs) for _ in range(32)]
-    assert choices[1] == [True] * 31 + [False]
-    assert choices[64] == [False] * 31 + [True]
+        choices[num_reqs] = [gate.should_draft(num_reqs) for _ in range(52)]
+    assert choices[1] == [True] * 51 + [False]
+    assert choices[64][:32] == [False] * 31 + [True]
+
+
+def test_a_batch_of_one_vetoes_drafting_only_when_it_is_clearly_behind():
+    """One request's drafted steps are correlated (its rounds predict each other), so its
+    veto bounds are ``ALONE_CONFIDENCE`` errors wide. By hand: drafted steps alternating
+    4 and 12 tokens in 10 ms are 0.8 tokens/ms with an error of sqrt(16 x 16 + 8^2) / 160
+    = 0.112 (the pseudo-step: 0.8 x 10); undrafted steps of 1 token in 1.05 ms are 0.952.
+    One error wide (0.912) drafting would be vetoed; three wide (1.135) it leads. Clearly
+    behind (2 and 6 tokens: 0.4 + 3 x 0.056 = 0.568), it is vetoed, and drafting explored
+    again every 32 // 4 = 8 decisions."""
+
+    def decisions(num_reqs, tokens, **options):
+        gate = ThroughputGate(explore_every=32, window=16, min_steps=3, **options)
+        for i in range(16):
+            gate.record(num_reqs, True, tokens[i % 2] * num_reqs, 10.0)
+            gate.record(num_reqs, False, num_reqs, 1.05)
+        return [gate.should_draft(num_reqs) for _ in range(8)]
+
+    assert decisions(1, (4, 12)) == [True] * 8
+    assert decisions(1, (2, 6)) == [False] * 7 + [True]
+    # One error wide (the gate before session 31): vetoed.
+    assert decisions(1, (4, 12), alone_confidence=1.0) == [False] * 7 + [True]
+    # The same rates at 2 requests: one error wide (1.6 + sqrt(1024 + 128) / 160 = 1.812
+    # against 1.905), vetoed.
+    assert decisions(2, (4, 12)) == [False] * 8
 
 
 def test_declined_steps_that_measure_clearly_faster_overrule_a_cost_model_that_never_drafts():

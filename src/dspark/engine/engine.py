@@ -37,7 +37,7 @@ from dspark.models.loader import LoadedModel
 from dspark.ops import allocate_drafts_torch
 from dspark.scheduling import AdaptiveVerifier, StepCostModel, allocate_drafts
 from dspark.scheduling.cost import ObservedDraftCost
-from dspark.scheduling.gate import ThroughputGate
+from dspark.scheduling.gate import ALONE_CONFIDENCE, ThroughputGate
 
 DEFER_LIMIT = 32
 """Most undrafted steps whose drafter context updates are held back at once."""
@@ -89,6 +89,10 @@ class EngineConfig:
     # Adaptive: also decide whether to draft at all from measured tokens per ms of
     # drafted and undrafted steps (``dspark.scheduling.gate``), on top of the cost model.
     throughput_gate: bool = True
+    # Adaptive, the gate at one request: its veto's bounds are this many standard errors
+    # wide (one request's drafted steps are correlated; ``gate.ALONE_CONFIDENCE``, 3
+    # since session 31; 1 is the gate before it).
+    gate_alone_confidence: float = ALONE_CONFIDENCE
     # Adaptive: on steps the gate leaves undrafted, hold the drafter's context updates back
     # and run them batched (every DEFER_LIMIT steps, or before the next drafting step).
     defer_upkeep: bool = True
@@ -199,6 +203,10 @@ class EngineConfig:
         if self.normalise_speed not in ("auto", "on", "off"):
             raise ValueError(
                 f"normalise_speed must be 'auto', 'on' or 'off', got {self.normalise_speed!r}"
+            )
+        if not self.gate_alone_confidence >= 0.0:
+            raise ValueError(
+                f"gate_alone_confidence must be >= 0, got {self.gate_alone_confidence}"
             )
         if not 0.0 <= self.depth_margin < 1.0:
             raise ValueError(f"depth_margin must be in [0, 1), got {self.depth_margin}")
@@ -471,7 +479,11 @@ class LLMEngine:
                     key_row_ms=profile.key_row_ms if config.context_rows else 0.0,
                     slope_memory=config.overhead_slope_memory,
                 )
-            self.gate = ThroughputGate() if config.throughput_gate else None
+            self.gate = (
+                ThroughputGate(alone_confidence=config.gate_alone_confidence)
+                if config.throughput_gate
+                else None
+            )
             self.lookahead = config.lookahead == "on" or (
                 config.lookahead == "auto" and self.device.type == "cuda"
             )

@@ -87,6 +87,25 @@ to 31 (one exploration per 32 decisions, each sample replacing one of 16 in the 
 Larger batches average over their requests, and their drafted figure moves slowly."""
 
 
+ALONE_CONFIDENCE = 3.0
+"""A batch of one decides whether to veto drafting (``should_draft``) with bounds this
+many standard errors wide by default (``ThroughputGate(alone_confidence=...)``, at least
+its ``confidence``; other batches use ``confidence``). The
+error of a window's rate counts its steps as independent, but one request's drafted
+steps are not: its rounds predict each other (the shipped SmolLM2 drafter's expected
+accepted drafts correlate about 0.6 from one round to the next on an H200, session 31),
+so a window of 16 steps holds only a few requests' worth of evidence, and a bound one
+error wide read the last request's poor drafts as drafting losing and vetoed the next
+request's. ``scripts/c1_policy_sim.py`` replays SmolLM2's rounds recorded request by
+request (48 requests, on the H200 and on the CPU): priced at session 30's H200 step
+times, one error wide vetoed 739 and 628 of about 3,000 steps, 0.982x the best fixed K
+(K = 3) on both, three wide 122 and 155, 1.000x and 0.993x; at session 13's step times
+0.994x and 0.997x against 0.999x and 1.001x (every half of the requests as well or
+better). Overruling the cost model (``should_probe``) keeps the gate's ``confidence``:
+both err towards drafting, which at one request the replay found the better side to err
+on. Measured on the H200 end to end: not yet."""
+
+
 OUTLIER_WALL = 2.0
 OUTLIER_MIN_STEPS = 3
 """A step's wall time counts as at most ``OUTLIER_WALL`` times the median wall of its
@@ -190,6 +209,7 @@ class ThroughputGate:
         window: int = 16,
         min_steps: int = 3,
         confidence: float = 1.0,
+        alone_confidence: float = ALONE_CONFIDENCE,
     ) -> None:
         if explore_every < 2:
             raise ValueError(f"explore_every must be at least 2, got {explore_every}")
@@ -197,10 +217,13 @@ class ThroughputGate:
             raise ValueError(f"need 1 <= min_steps <= window, got {min_steps} and {window}")
         if confidence < 0:
             raise ValueError(f"confidence must be >= 0, got {confidence}")
+        if not alone_confidence >= 0:
+            raise ValueError(f"alone_confidence must be >= 0, got {alone_confidence}")
         self.explore_every = explore_every
         self.window = window
         self.min_steps = min_steps
         self.confidence = confidence
+        self.alone_confidence = alone_confidence  # the veto's bounds at one request
         self._buckets: dict[int, _Bucket] = {}
 
     @staticmethod
@@ -232,7 +255,8 @@ class ThroughputGate:
             for arm in (DRAFTED, UNDRAFTED):
                 if len(state.samples[arm]) < self.min_steps:
                     return arm == DRAFTED
-        bound = [judged.upper_bound(arm, self.confidence) for arm in (DRAFTED, UNDRAFTED)]
+        confidence = self._confidence(state)
+        bound = [judged.upper_bound(arm, confidence) for arm in (DRAFTED, UNDRAFTED)]
         best = DRAFTED if bound[DRAFTED] >= bound[UNDRAFTED] else UNDRAFTED
         every = self.explore_every
         if best == DRAFTED and bound[DRAFTED] > bound[UNDRAFTED]:
@@ -247,6 +271,12 @@ class ThroughputGate:
             state.since_explored = 0
             best = 1 - best  # keep the other arm's figure current
         return best == DRAFTED
+
+    def _confidence(self, state: _Bucket) -> float:
+        """Standard errors of the bounds a bucket's decisions use (``ALONE_CONFIDENCE``)."""
+        if state.smallest == 1:
+            return max(self.confidence, self.alone_confidence)
+        return self.confidence
 
     def _judged(self, state: _Bucket, num_reqs: int, mixed: bool) -> _Bucket | None:
         """The bucket whose figures decide for ``state``: itself once measured on both
