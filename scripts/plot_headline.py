@@ -98,6 +98,10 @@ PANELS = [
             # Default adaptive beside calibrate_survival=true, K = 1, 3, at 1 only.
             ("s30 df60cc9", "cpu_session30_cal_c1_x8"),
             ("s30 8d5bde4", "cpu_session30_mainjob_8d5bde4"),
+            # Session 31: the gate's wider veto at one request (the default since ac4278a)
+            # against the old one ("old" variant), K = 1 beside.
+            ("s31 ac4278a", "cpu_session31_gate_c1_x6"),
+            ("s31 ac4278a", "cpu_session31_gate_c1_x10"),
         ],
     ),
 ]

@@ -93,7 +93,8 @@ many standard errors wide by default (``ThroughputGate(alone_confidence=...)``, 
 its ``confidence``; other batches use ``confidence``). The
 error of a window's rate counts its steps as independent, but one request's drafted
 steps are not: its rounds predict each other (the shipped SmolLM2 drafter's expected
-accepted drafts correlate about 0.6 from one round to the next on an H200, session 31),
+accepted drafts correlated 0.46-0.69 from one round to the next in session 31's H200
+runs, the verifier's ``predictiveness``),
 so a window of 16 steps holds only a few requests' worth of evidence, and a bound one
 error wide read the last request's poor drafts as drafting losing and vetoed the next
 request's. ``scripts/c1_policy_sim.py`` replays SmolLM2's rounds recorded request by
@@ -103,7 +104,10 @@ times, one error wide vetoed 739 and 628 of about 3,000 steps, 0.982x the best f
 0.994x and 0.997x against 0.999x and 1.001x (every half of the requests as well or
 better). Overruling the cost model (``should_probe``) keeps the gate's ``confidence``:
 both err towards drafting, which at one request the replay found the better side to err
-on. Measured on the H200 end to end: not yet."""
+on. End to end: not yet on the H200; on the 2-core CPU (SmolLM2, K = 1 the best fixed K
+there, ``dspark bench --variant old:gate_alone_confidence=1``) two runs of 6 and 10
+repeats put the old veto at 1.040x and 0.941x the new one (paired 1.065 and 1.015), the
+CPU's own spread."""
 
 
 OUTLIER_WALL = 2.0
