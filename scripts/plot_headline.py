@@ -102,6 +102,7 @@ PANELS = [
             # against the old one ("old" variant), K = 1 beside.
             ("s31 ac4278a", "cpu_session31_gate_c1_x6"),
             ("s31 ac4278a", "cpu_session31_gate_c1_x10"),
+            ("s31 ea5f188", "cpu_session31_mainjob_ea5f188"),
         ],
     ),
 ]
