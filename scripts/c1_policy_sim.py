@@ -13,7 +13,8 @@ the same rounds where their paths cross.
     PYTHONPATH=src python scripts/c1_policy_sim.py ROUNDS.npz [MAX_TOKENS]
 
 ``PRICES=session30`` prices steps as session 30's H200 run measured them instead
-(``CATCH_UP_MS`` sets the held-back upkeep's catch-up, 0.3 ms by default there).
+(``CATCH_UP_MS`` sets the held-back upkeep's catch-up, 0.3 ms by default there), and
+``PRICES=cpu31`` as session 31's main job on the 2-core CPU did (catch-up 5 ms).
 
 Prints tokens per ms by policy and each adaptive variant's ratio to the best fixed K.
 """
@@ -47,6 +48,17 @@ if os.environ.get("PRICES") == "session30":
     DRAFT_MS[0] = 0.0
     UNDRAFTED_WALL = 3.34
     CATCH_UP_MS = float(os.environ.get("CATCH_UP_MS", "0.3"))
+elif os.environ.get("PRICES") == "cpu31":
+    # Session 31's main job on the 2-core CPU (one repeat each, step medians): undrafted
+    # 45.0 ms, K = 1 50.6, K = 3 66.0, K = 5 103.4, K = 7 123.7 (even depths midway); the
+    # target's share taken as 42 + 4 ms a verified token (its forward phase grew about
+    # that much from K = 1 to K = 3).
+    VERIFY_MS = 42.0 + 4.0 * np.arange(8)
+    walls = np.array([45.0, 50.6, 58.3, 66.0, 84.7, 103.4, 113.55, 123.7])
+    DRAFT_MS = walls - VERIFY_MS
+    DRAFT_MS[0] = 0.0
+    UNDRAFTED_WALL = 45.0
+    CATCH_UP_MS = float(os.environ.get("CATCH_UP_MS", "5.0"))
 
 
 class PricedCosts:

@@ -102,7 +102,8 @@ request (48 requests, on the H200 and on the CPU): priced at session 30's H200 s
 times, one error wide vetoed 739 and 628 of about 3,000 steps, 0.982x the best fixed K
 (K = 3) on both, three wide 122 and 155, 1.000x and 0.993x; at session 13's step times
 0.994x and 0.997x against 0.999x and 1.001x (every half of the requests as well or
-better). Overruling the cost model (``should_probe``) keeps the gate's ``confidence``:
+better); at the 2-core CPU's step times, where drafting one deep pays 1.3x and the gate
+seldom vetoes, 1.014x and 1.017x either way. Overruling the cost model (``should_probe``) keeps the gate's ``confidence``:
 both err towards drafting, which at one request the replay found the better side to err
 on. End to end: not yet on the H200; on the 2-core CPU (SmolLM2, K = 1 the best fixed K
 there, ``dspark bench --variant old:gate_alone_confidence=1``) two runs of 6 and 10
