@@ -149,6 +149,7 @@ def run_adaptive(
     calibrate=False,
     margin=0.0,
     alone_confidence=None,
+    max_depth=K,
 ):
     verifier = AdaptiveVerifier(1, K, PricedCosts(), max_total_logits=64)
     verifier.depth_margin = margin
@@ -178,7 +179,7 @@ def run_adaptive(
         while p < req.length:
             if rho is not None:
                 verifier._predictiveness = rho
-            depth = verifier.drafting_pays(one, np.array([K]), np.array([1]), 1)
+            depth = verifier.drafting_pays(one, np.array([max_depth]), np.array([1]), 1)
             overruled = False
             if depth and the_gate is not None and not the_gate.should_draft(1):
                 depth = 0
@@ -253,6 +254,9 @@ def main() -> None:
         "  veto bounds 1 error wide (before s31)": {"alone_confidence": 1.0},
         "  veto bounds 2 errors wide": {"alone_confidence": 2.0},
         "  veto bounds 6 errors wide": {"alone_confidence": 6.0},
+        "  at most 3 deep": {"max_depth": 3},
+        "  at most 4 deep": {"max_depth": 4},
+        "  at most 5 deep": {"max_depth": 5},
     }
     for name, subset in halves.items():
         fixed = {k: run_fixed(subset, k)[0] for k in range(K + 1)}
