@@ -90,25 +90,26 @@ Larger batches average over their requests, and their drafted figure moves slowl
 ALONE_CONFIDENCE = 3.0
 """A batch of one decides whether to veto drafting (``should_draft``) with bounds this
 many standard errors wide by default (``ThroughputGate(alone_confidence=...)``, at least
-its ``confidence``; other batches use ``confidence``). The
-error of a window's rate counts its steps as independent, but one request's drafted
-steps are not: its rounds predict each other (the shipped SmolLM2 drafter's expected
-accepted drafts correlated 0.46-0.69 from one round to the next in session 31's H200
-runs, the verifier's ``predictiveness``),
-so a window of 16 steps holds only a few requests' worth of evidence, and a bound one
-error wide read the last request's poor drafts as drafting losing and vetoed the next
-request's. ``scripts/c1_policy_sim.py`` replays SmolLM2's rounds recorded request by
-request (48 requests, on the H200 and on the CPU): priced at session 30's H200 step
-times, one error wide vetoed 739 and 628 of about 3,000 steps, 0.982x the best fixed K
-(K = 3) on both, three wide 122 and 155, 1.000x and 0.993x; at session 13's step times
-0.994x and 0.997x against 0.999x and 1.001x (every half of the requests as well or
-better); at the 2-core CPU's step times, where drafting one deep pays 1.3x and the gate
-seldom vetoes, 1.014x and 1.017x either way. Overruling the cost model (``should_probe``) keeps the gate's ``confidence``:
-both err towards drafting, which at one request the replay found the better side to err
-on. End to end: not yet on the H200; on the 2-core CPU (SmolLM2, K = 1 the best fixed K
-there, ``dspark bench --variant old:gate_alone_confidence=1``) two runs of 6 and 10
-repeats put the old veto at 1.040x and 0.941x the new one (paired 1.065 and 1.015), the
-CPU's own spread."""
+its ``confidence``; other batches use ``confidence``). The error of a window's rate
+counts its steps as independent, but one request's drafted steps are not: its rounds
+predict each other (the shipped SmolLM2 drafter's expected accepted drafts correlated
+0.46-0.69 from one round to the next in session 31's H200 runs, the verifier's
+``predictiveness``), so a window of 16 steps holds only a few requests' worth of
+evidence, and a bound one error wide read the last request's poor drafts as drafting
+losing and vetoed the next request's.
+
+``scripts/c1_policy_sim.py`` replays SmolLM2's rounds recorded request by request (48
+requests, on the H200 and on the CPU). Priced at session 30's H200 step times, one error
+wide vetoed 739 and 628 of about 3,000 steps and ran 0.982x the best fixed K (K = 3) on
+both; three wide, 122 and 155 and 1.000x and 0.993x. One error wide against three at
+session 13's step times: 0.994x and 0.997x against 0.999x and 1.001x (every half of the
+requests as well or better); at the 2-core CPU's (where drafting one deep pays 1.3x and
+the gate seldom vetoes): 1.014x and 1.017x K = 1 against 1.012x and 1.017x. Overruling the cost model (``should_probe``)
+keeps the gate's ``confidence``: both err towards drafting, which at one request the
+replay found the better side to err on. End to end: not yet on the H200; on the 2-core
+CPU (SmolLM2, ``dspark bench --variant old:gate_alone_confidence=1``) two runs of 6 and
+10 repeats put the old veto at 1.040x and 0.941x the new one (paired 1.065 and 1.015),
+the CPU's own spread."""
 
 
 OUTLIER_WALL = 2.0
@@ -278,7 +279,7 @@ class ThroughputGate:
         return best == DRAFTED
 
     def _confidence(self, state: _Bucket) -> float:
-        """Standard errors of the bounds a bucket's decisions use (``ALONE_CONFIDENCE``)."""
+        """Standard errors of the bounds a bucket's veto decisions use (``ALONE_CONFIDENCE``)."""
         if state.smallest == 1:
             return max(self.confidence, self.alone_confidence)
         return self.confidence
