@@ -14,6 +14,8 @@
 #       (ab_low: at 16 and 1).
 #   bash scripts/gpu/session31.sh trace16  (staged as for ab) SmolLM2 + the shipped
 #       drafter at 16 requests: K = 3, K = 4 and adaptive, step by step (PHASES).
+#   bash scripts/gpu/session31.sh gate  (staged as for ab; not run yet) the gate's wider
+#       veto at one request against the old one (variant old), K = 3 beside, at 1 and 4.
 set +e +o pipefail
 export PYTHONPATH=src
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
@@ -78,4 +80,25 @@ case "$1" in
       python3 scripts/gpu/step_trace.py 16 7 "" 128 2 > "$OUT/trace_c16_smollm2.txt" 2>&1
     grep -E "^===|full-batch \(|host parts|depth steps|budgets:" "$OUT/trace_c16_smollm2.txt" \
       | cut -c1-600 ;;
+esac
+case "$1" in
+  gate)  # for the next lease (staged as for ab): the wider veto at one request (the
+         # default since ac4278a) against the old one, K = 3 beside, at 1 and 4
+    bash scripts/gpu/stage_piece.sh p7 >/dev/null 2>&1 || true
+    source scripts/gpu/env.sh
+    set +e +o pipefail
+    common="--model $G --device cuda --dtype bfloat16 --prompts .gpu/prompts.npz --drafter dspark
+      --max-tokens 128 --full-warmup --freeze-gc --fixed 3
+      --variant old:gate_alone_confidence=1"
+    timeout ${LIMIT1:-300} python3 -m dspark.cli bench $common --concurrency 1 \
+      --min-requests 8 --repeats ${REPEATS1:-8} --out "$OUT/gate1" 2>&1 \
+      | grep -v "it/s\]\|s/it\]" | tail -8
+    timeout ${LIMIT4:-200} python3 -m dspark.cli bench $common --no-baseline --concurrency 4 \
+      --min-requests 32 --repeats ${REPEATS4:-5} --out "$OUT/gate4" 2>&1 \
+      | grep -v "it/s\]\|s/it\]" | tail -8
+    for t in gate1 gate4; do
+      for f in "$OUT/$t"/profiles/*.json; do [ -f "$f" ] && mv "$f" "$OUT/$t/"; done
+      rm -rf "$OUT/$t/profiles"
+      [ -f "$OUT/$t/bench.json" ] && python3 scripts/run_modes.py "$OUT/$t/bench.json"
+    done ;;
 esac
