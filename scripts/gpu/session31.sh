@@ -10,7 +10,7 @@
 #       K = 3 and 4 and adaptive forced 3 and 4 deep at 16: what each depth costs and
 #       earns on this device.
 #   bash scripts/gpu/session31.sh ab  (GGUF staged; see the mode) SmolLM2 + the shipped
-#       drafter: K = 3, adaptive and adaptive without the slope memory at 256 and 64
+#       drafter: K = 3, adaptive and adaptive with the slope memory at 256 and 64
 #       (ab_low: at 16 and 1).
 #   bash scripts/gpu/session31.sh trace16  (staged as for ab) SmolLM2 + the shipped
 #       drafter at 16 requests: K = 3, K = 4 and adaptive, step by step (PHASES).
@@ -40,13 +40,15 @@ esac
 case "$1" in
   ab|ab_low)  # SmolLM2 + the shipped drafter (GGUF staged by stage_piece.sh p1 .. p6; carry
        # .gpu/p7 .gpu/wheels .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256):
-       # K = 3, adaptive, adaptive without the overhead slope memory, at 256 and 64
+       # K = 3, adaptive, adaptive with the overhead slope memory ("mem"), at 256 and 64.
+       # (Session 31 ran it on f4b82b0, where the memory was the default and the variant
+       # turned it off: "nomem:overhead_slope_memory=false".)
     bash scripts/gpu/stage_piece.sh p7 >/dev/null 2>&1 || true
     source scripts/gpu/env.sh
     set +e +o pipefail
     common="--model $G --device cuda --dtype bfloat16 --prompts .gpu/prompts.npz --drafter dspark
       --max-tokens 128 --full-warmup --freeze-gc --no-baseline --fixed 3
-      --variant nomem:overhead_slope_memory=false"
+      --variant mem:overhead_slope_memory=true"
     if [ "$1" = ab ]; then
       timeout ${LIMIT256:-250} python3 -m dspark.cli bench $common --concurrency 256 \
         --min-requests 256 --repeats ${REPEATS256:-4} --out "$OUT/ab256" 2>&1 \
