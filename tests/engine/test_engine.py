@@ -667,13 +667,17 @@ def test_steps_that_replayed_a_larger_graph_are_learnt_with_their_padding(
     assert seen and set(seen) == {16}
 
 
-def test_the_gate_at_one_request_takes_the_configured_veto_width(tiny):
-    """``EngineConfig.gate_alone_confidence`` reaches the throughput gate (3 by default:
-    ``gate.ALONE_CONFIDENCE``); a negative width is refused."""
-    widths = []
-    for extra in ({}, {"gate_alone_confidence": 1.0}):
+def test_the_gate_at_one_request_takes_the_configured_window_and_veto_width(tiny):
+    """``EngineConfig.gate_alone_window`` and ``gate_alone_confidence`` reach the throughput
+    gate (128 and 1 by default: ``gate.ALONE_WINDOW``, ``gate.ALONE_CONFIDENCE``); out of
+    range values are refused."""
+    seen = []
+    for extra in ({}, {"gate_alone_window": 16, "gate_alone_confidence": 3.0}):
         config = EngineConfig(spec="adaptive", num_drafts=3, kv_cache_tokens=4096, **extra)
-        widths.append(LLMEngine(tiny, config, cost_model=CheapCost(3)).gate.alone_confidence)
-    assert widths == [3.0, 1.0]
+        gate = LLMEngine(tiny, config, cost_model=CheapCost(3)).gate
+        seen.append((gate.alone_window, gate.alone_confidence))
+    assert seen == [(128, 1.0), (16, 3.0)]
     with pytest.raises(ValueError, match="gate_alone_confidence"):
         EngineConfig(gate_alone_confidence=-1.0)
+    with pytest.raises(ValueError, match="gate_alone_window"):
+        EngineConfig(gate_alone_window=0)

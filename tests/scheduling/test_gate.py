@@ -79,6 +79,8 @@ def test_bad_arguments_are_errors():
         ThroughputGate(confidence=-1.0)
     with pytest.raises(ValueError, match="alone_confidence"):
         ThroughputGate(alone_confidence=float("nan"))
+    with pytest.raises(ValueError, match="alone_window"):
+        ThroughputGate(alone_window=0)
     with pytest.raises(ValueError, match="min_steps"):
         ThroughputGate(window=2, min_steps=3)
     with pytest.raises(ValueError, match="wall time"):
@@ -315,49 +317,41 @@ def test_close_rates_do_not_overrule_the_cost_model():
 
 def test_the_drafted_arms_unseen_spread_shrinks_with_the_batch():
     """Drafted 124 tokens in 18 ms (6.889 tokens/ms), undrafted 64 in 9 ms (7.111), every
-    step alike. By hand: one standard error of the drafted rate is 6.889 / 16 = 0.431 at
-    one request and 6.889 / (16 x sqrt(64)) = 0.054 at 64. At 64 the bound (one error
-    wide) is 6.943, under the undrafted 7.111 (no spread): not drafted but to explore. At
-    one request it is 6.889 + 3 x 0.431 = 8.181 (``ALONE_CONFIDENCE``; 7.32 one error
-    wide would lead too): drafting is given the benefit of the doubt, and the undrafted
-    arm is explored once in (1 - 7.111 / 8.181) / EXPLORE_SHARE = 52 decisions."""
-    from dspark.scheduling.gate import ALONE_CONFIDENCE
-
-    assert ALONE_CONFIDENCE == 3.0
+    step alike. By hand: the drafted bound is 6.889 + 6.889 / 16 = 7.32 at one request
+    (drafting is given the benefit of the doubt) and 6.889 + 6.889 / (16 x sqrt(64)) =
+    6.943 at 64, under the undrafted 7.111 (no spread): not drafted but to explore."""
     choices = {}
     for num_reqs in (1, 64):
-        gate = ThroughputGate(explore_every=32, window=16, min_steps=3)
+        gate = ThroughputGate(explore_every=32, window=16, min_steps=3, alone_window=16)
         for _ in range(16):
             gate.record(num_reqs, True, 124, 18.0)
             gate.record(num_reqs, False, 64, 9.0)
-        choices[num_reqs] = [gate.should_draft(num_reqs) for _ in range(52)]
-    assert choices[1] == [True] * 51 + [False]
-    assert choices[64][:32] == [False] * 31 + [True]
+        choices[num_reqs] = [gate.should_draft(num_reqs) for _ in range(32)]
+    assert choices[1] == [True] * 31 + [False]
+    assert choices[64] == [False] * 31 + [True]
 
 
-def test_a_batch_of_one_vetoes_drafting_only_when_it_is_clearly_behind():
-    """One request's drafted steps are correlated (its rounds predict each other), so its
-    veto bounds are ``ALONE_CONFIDENCE`` errors wide. By hand: drafted steps alternating
-    4 and 12 tokens in 10 ms are 0.8 tokens/ms with an error of sqrt(16 x 16 + 8^2) / 160
-    = 0.112 (the pseudo-step: 0.8 x 10); undrafted steps of 1 token in 1.05 ms are 0.952.
-    One error wide (0.912) drafting would be vetoed; three wide (1.135) it leads. Clearly
-    behind (2 and 6 tokens: 0.4 + 3 x 0.056 = 0.568), it is vetoed, and drafting explored
-    again every 32 // 4 = 8 decisions."""
+def test_a_batch_of_one_judges_drafting_over_several_requests():
+    """At one request each arm keeps ``ALONE_WINDOW`` steps (128), so one poor request's
+    drafts do not veto the next one's: 100 drafted steps of 12 tokens in 10 ms, then 16
+    of 2 (a poor request), against undrafted steps of 1 token in 1.05 ms (0.952 a ms).
+    Over 116 steps drafting made (1200 + 32) / 1160 = 1.062 a ms: still drafted. A
+    window of 16 (the gate before session 31, and any larger batch's) holds the poor
+    request alone, 0.2 a ms: vetoed."""
+    from dspark.scheduling.gate import ALONE_WINDOW
 
-    def decisions(num_reqs, tokens, **options):
+    assert ALONE_WINDOW == 128
+
+    def decisions(num_reqs, **options):
         gate = ThroughputGate(explore_every=32, window=16, min_steps=3, **options)
-        for i in range(16):
-            gate.record(num_reqs, True, tokens[i % 2] * num_reqs, 10.0)
+        for tokens in [12 * num_reqs] * 100 + [2 * num_reqs] * 16:
+            gate.record(num_reqs, True, tokens, 10.0)
             gate.record(num_reqs, False, num_reqs, 1.05)
         return [gate.should_draft(num_reqs) for _ in range(8)]
 
-    assert decisions(1, (4, 12)) == [True] * 8
-    assert decisions(1, (2, 6)) == [False] * 7 + [True]
-    # One error wide (the gate before session 31): vetoed.
-    assert decisions(1, (4, 12), alone_confidence=1.0) == [False] * 7 + [True]
-    # The same rates at 2 requests: one error wide (1.6 + sqrt(1024 + 128) / 160 = 1.812
-    # against 1.905), vetoed.
-    assert decisions(2, (4, 12)) == [False] * 8
+    assert decisions(1) == [True] * 8
+    assert decisions(1, alone_window=16) == [False] * 7 + [True]  # explored every 8
+    assert decisions(2) == [False] * 8
 
 
 def test_declined_steps_that_measure_clearly_faster_overrule_a_cost_model_that_never_drafts():
@@ -392,12 +386,15 @@ def test_a_batch_of_one_re_measures_drafting_behind_four_times_as_often():
 
 
 def test_a_batch_of_one_recovers_from_a_poor_request_sooner():
-    """After a poor request (drafting 2 tokens/ms against 5 undrafted) the next drafts at
-    9: a batch of one has the drafted figure back above the undrafted one in under a
-    third of the decisions a batch of four needs (90 against 346)."""
+    """After a poor stretch (drafting 2 tokens/ms against 5 undrafted, 200 decisions)
+    drafting runs at 9: a batch of one explores drafting four times as often
+    (``ALONE_SPEEDUP``), so with a window of 16 it has the drafted figure back above the
+    undrafted one in under a third of the decisions a batch of four needs (72 against
+    280). Its default window of 128 (``ALONE_WINDOW``) remembers the poor stretch longer
+    and takes 232, still fewer than the batch of four."""
 
-    def decisions_to_recover(num_reqs):
-        gate = ThroughputGate(explore_every=32)
+    def decisions_to_recover(num_reqs, **options):
+        gate = ThroughputGate(explore_every=32, **options)
         drive(gate, num_reqs, drafted_rate=2.0, undrafted_rate=5.0, steps=200)
         for step in range(1, 2000):
             draft = gate.should_draft(num_reqs)
@@ -406,8 +403,13 @@ def test_a_batch_of_one_recovers_from_a_poor_request_sooner():
                 return step
         return 2000
 
-    alone, four = decisions_to_recover(1), decisions_to_recover(4)
-    assert alone * 3 < four, (alone, four)
+    short, alone, four = (
+        decisions_to_recover(1, alone_window=16),
+        decisions_to_recover(1),
+        decisions_to_recover(4),
+    )
+    assert short * 3 < four, (short, four)
+    assert (short, alone, four) == (72, 232, 280)
 
 
 def test_a_stalled_step_counts_at_most_twice_the_median_unless_it_emitted_more():
@@ -470,3 +472,25 @@ def test_explorations_keep_their_spacing_while_the_lead_moves():
         gate.record(4, draft, 100, 100 / (rate if draft else 5.0))
     gaps = np.diff(explored[3:])  # after the first three undrafted steps (measured first)
     assert len(gaps) >= 20 and gaps.min() >= 32
+
+
+def test_wider_veto_bounds_at_one_request_are_a_setting():
+    """``alone_confidence`` (1 by default, ``ALONE_CONFIDENCE``): by hand, drafted steps
+    alternating 4 and 12 tokens in 10 ms are 0.8 tokens/ms with an error of sqrt(16 x 16 +
+    8^2) / 160 = 0.112 (the pseudo-step: 0.8 x 10); undrafted steps of 1 token in 1.05 ms
+    are 0.952. One error wide (0.912) drafting is vetoed, and explored again every 32 // 4
+    = 8 decisions; three wide (1.135) it leads. Batches of two keep ``confidence``."""
+    from dspark.scheduling.gate import ALONE_CONFIDENCE
+
+    assert ALONE_CONFIDENCE == 1.0
+
+    def decisions(num_reqs, **options):
+        gate = ThroughputGate(explore_every=32, window=16, min_steps=3, **options)
+        for i in range(16):
+            gate.record(num_reqs, True, (4, 12)[i % 2] * num_reqs, 10.0)
+            gate.record(num_reqs, False, num_reqs, 1.05)
+        return [gate.should_draft(num_reqs) for _ in range(8)]
+
+    assert decisions(1) == [False] * 7 + [True]
+    assert decisions(1, alone_confidence=3.0) == [True] * 8
+    assert decisions(2, alone_confidence=3.0) == [False] * 8

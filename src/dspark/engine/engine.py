@@ -37,7 +37,7 @@ from dspark.models.loader import LoadedModel
 from dspark.ops import allocate_drafts_torch
 from dspark.scheduling import AdaptiveVerifier, StepCostModel, allocate_drafts
 from dspark.scheduling.cost import ObservedDraftCost
-from dspark.scheduling.gate import ALONE_CONFIDENCE, ThroughputGate
+from dspark.scheduling.gate import ALONE_CONFIDENCE, ALONE_WINDOW, ThroughputGate
 
 DEFER_LIMIT = 32
 """Most undrafted steps whose drafter context updates are held back at once."""
@@ -89,9 +89,11 @@ class EngineConfig:
     # Adaptive: also decide whether to draft at all from measured tokens per ms of
     # drafted and undrafted steps (``dspark.scheduling.gate``), on top of the cost model.
     throughput_gate: bool = True
-    # Adaptive, the gate at one request: its veto's bounds are this many standard errors
-    # wide (one request's drafted steps are correlated; ``gate.ALONE_CONFIDENCE``, 3
-    # since session 31; 1 is the gate before it).
+    # Adaptive, the gate at one request: the steps it keeps per arm (one request's
+    # drafted steps are correlated, and a short window holds the last request alone;
+    # ``gate.ALONE_WINDOW``, 128 since session 31; 16 is the gate before it), and how
+    # many standard errors wide its veto's bounds are (``gate.ALONE_CONFIDENCE``, 1).
+    gate_alone_window: int = ALONE_WINDOW
     gate_alone_confidence: float = ALONE_CONFIDENCE
     # Adaptive: on steps the gate leaves undrafted, hold the drafter's context updates back
     # and run them batched (every DEFER_LIMIT steps, or before the next drafting step).
@@ -204,6 +206,8 @@ class EngineConfig:
             raise ValueError(
                 f"normalise_speed must be 'auto', 'on' or 'off', got {self.normalise_speed!r}"
             )
+        if self.gate_alone_window < 1:
+            raise ValueError(f"gate_alone_window must be at least 1, got {self.gate_alone_window}")
         if not self.gate_alone_confidence >= 0.0:
             raise ValueError(
                 f"gate_alone_confidence must be >= 0, got {self.gate_alone_confidence}"
@@ -480,7 +484,10 @@ class LLMEngine:
                     slope_memory=config.overhead_slope_memory,
                 )
             self.gate = (
-                ThroughputGate(alone_confidence=config.gate_alone_confidence)
+                ThroughputGate(
+                    alone_confidence=config.gate_alone_confidence,
+                    alone_window=config.gate_alone_window,
+                )
                 if config.throughput_gate
                 else None
             )

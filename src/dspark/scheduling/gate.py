@@ -87,29 +87,38 @@ to 31 (one exploration per 32 decisions, each sample replacing one of 16 in the 
 Larger batches average over their requests, and their drafted figure moves slowly."""
 
 
-ALONE_CONFIDENCE = 3.0
-"""A batch of one decides whether to veto drafting (``should_draft``) with bounds this
-many standard errors wide by default (``ThroughputGate(alone_confidence=...)``, at least
-its ``confidence``; other batches use ``confidence``). The error of a window's rate
-counts its steps as independent, but one request's drafted steps are not: its rounds
-predict each other (the shipped SmolLM2 drafter's expected accepted drafts correlated
-0.46-0.69 from one round to the next in session 31's H200 runs, the verifier's
-``predictiveness``), so a window of 16 steps holds only a few requests' worth of
-evidence, and a bound one error wide read the last request's poor drafts as drafting
-losing and vetoed the next request's.
+ALONE_WINDOW = 128
+"""A batch of one keeps this many steps per arm (at least the gate's ``window``). One
+request's drafted steps are correlated (its rounds predict each other: the shipped
+SmolLM2 drafter's expected accepted drafts correlated 0.46-0.69 from one round to the
+next in session 31's H200 runs, the verifier's ``predictiveness``), and a request runs
+for dozens of steps, so a window of 16 holds the last request alone: after a poor one it
+vetoed the next request's drafting, and the figure said nothing about the workload. A
+window of 128 spans a few requests; which requests to draft for is the cost model's
+call (their own recorded rounds), whether drafting pays at all here the gate's.
 
 ``scripts/c1_policy_sim.py`` replays SmolLM2's rounds recorded request by request (48
-requests, on the H200 and on the CPU). Priced at session 30's H200 step times, one error
-wide vetoed 739 and 628 of about 3,000 steps and ran 0.982x the best fixed K (K = 3) on
-both; three wide, 122 and 155 and 1.000x and 0.993x. One error wide against three at
-session 13's step times: 0.994x and 0.997x against 0.999x and 1.001x (every half of the
-requests as well or better); at the 2-core CPU's (where drafting one deep pays 1.3x and
-the gate seldom vetoes): 1.014x and 1.017x K = 1 against 1.012x and 1.017x. Overruling the cost model (``should_probe``)
-keeps the gate's ``confidence``: both err towards drafting, which at one request the
-replay found the better side to err on. End to end: not yet on the H200; on the 2-core
-CPU (SmolLM2, ``dspark bench --variant old:gate_alone_confidence=1``) two runs of 6 and
-10 repeats put the old veto at 1.040x and 0.941x the new one (paired 1.065 and 1.015),
-the CPU's own spread."""
+requests, on the H200 and on the CPU), against the best fixed K: at session 30's H200
+step times (``PRICES=session30``), where drafting pays (K = 3 1.26x no speculation),
+0.982x and 0.982x with a window of 16 (739 and 628 of about 3,000 steps vetoed), 1.003x
+and 0.994x with 128; with each round accepting half its drafts at the same confidences
+(``ACCEPT_SCALE=0.5``: an overconfident drafter, as when sampling at temperature 1,
+where drafting loses), 0.962x and 0.952x no speculation with 16, 0.966x and 0.964x
+with 128. At session 13's step times 0.994x/0.997x against 0.998x/0.987x, and overconfident
+0.941x/0.937x against 0.949x/0.946x no speculation; at the 2-core CPU's
+(``PRICES=cpu31``) 1.014x/1.017x against 1.013x/1.017x, overconfident 1.001x/1.000x
+against 0.998x/0.993x no speculation. Not yet measured end to end on the H200."""
+
+
+ALONE_CONFIDENCE = 1.0
+"""Standard errors wide the veto's bounds are at one request (at least the gate's
+``confidence``; ``ThroughputGate(alone_confidence=...)``). Wider bounds were tried for
+the same reason as ``ALONE_WINDOW``: three errors wide, the replay above (window 16)
+ran 1.000x and 0.993x the best fixed K where drafting pays, but 0.926x and 0.918x no
+speculation where the drafter is overconfident (against 0.962x and 0.952x): a veto that
+waits for a clear loss keeps drafting where drafting loses. On the 2-core CPU (SmolLM2,
+``dspark bench --variant old:gate_alone_confidence=1``) two runs of 6 and 10 repeats put
+one error at 1.040x and 0.941x three (paired 1.065 and 1.015), the CPU's own spread."""
 
 
 OUTLIER_WALL = 2.0
@@ -216,6 +225,7 @@ class ThroughputGate:
         min_steps: int = 3,
         confidence: float = 1.0,
         alone_confidence: float = ALONE_CONFIDENCE,
+        alone_window: int = ALONE_WINDOW,
     ) -> None:
         if explore_every < 2:
             raise ValueError(f"explore_every must be at least 2, got {explore_every}")
@@ -225,11 +235,14 @@ class ThroughputGate:
             raise ValueError(f"confidence must be >= 0, got {confidence}")
         if not alone_confidence >= 0:
             raise ValueError(f"alone_confidence must be >= 0, got {alone_confidence}")
+        if alone_window < 1:
+            raise ValueError(f"alone_window must be at least 1, got {alone_window}")
         self.explore_every = explore_every
         self.window = window
         self.min_steps = min_steps
         self.confidence = confidence
         self.alone_confidence = alone_confidence  # the veto's bounds at one request
+        self.alone_window = alone_window  # steps kept per arm at one request
         self._buckets: dict[int, _Bucket] = {}
 
     @staticmethod
@@ -244,7 +257,9 @@ class ThroughputGate:
     def _get(self, num_reqs: int, mixed: bool) -> _Bucket:
         key = self._key(num_reqs, mixed)
         if key not in self._buckets:
-            self._buckets[key] = _Bucket(self.window, smallest=1 << (key[1] - 1), mixed=key[0])
+            # A batch of one keeps a longer window (``ALONE_WINDOW``).
+            window = max(self.window, self.alone_window) if key[1] == 1 else self.window
+            self._buckets[key] = _Bucket(window, smallest=1 << (key[1] - 1), mixed=key[0])
         return self._buckets[key]
 
     def should_draft(self, num_reqs: int, mixed: bool = False) -> bool:
