@@ -98,11 +98,14 @@ PANELS = [
             # Default adaptive beside calibrate_survival=true, K = 1, 3, at 1 only.
             ("s30 df60cc9", "cpu_session30_cal_c1_x8"),
             ("s30 8d5bde4", "cpu_session30_mainjob_8d5bde4"),
-            # Session 31: the gate's wider veto at one request (the default since ac4278a)
-            # against the old one ("old" variant), K = 1 beside.
+            # Session 31: the gate's veto three errors wide at one request (the default at
+            # ac4278a, replaced by a longer window at 8f7bf8c) against one ("old"), K = 1.
             ("s31 ac4278a", "cpu_session31_gate_c1_x6"),
             ("s31 ac4278a", "cpu_session31_gate_c1_x10"),
             ("s31 ea5f188", "cpu_session31_mainjob_ea5f188"),
+            # The gate's window of 128 steps at one request (the default since 8f7bf8c)
+            # against 16 ("old"), K = 1 beside.
+            ("s31 8f7bf8c", "cpu_session31_window_c1_x6"),
         ],
     ),
 ]

@@ -107,7 +107,9 @@ where drafting loses), 0.962x and 0.952x no speculation with 16, 0.966x and 0.96
 with 128. At session 13's step times 0.994x/0.997x against 0.998x/0.987x, and overconfident
 0.941x/0.937x against 0.949x/0.946x no speculation; at the 2-core CPU's
 (``PRICES=cpu31``) 1.014x/1.017x against 1.013x/1.017x, overconfident 1.001x/1.000x
-against 0.998x/0.993x no speculation. Not yet measured end to end on the H200."""
+against 0.998x/0.993x no speculation. Not yet measured end to end on the H200; on the
+2-core CPU one A/B run (6 repeats, ``--variant old:gate_alone_window=16``) put 16 at
+1.038x 128 (paired 1.061, 0.82-1.40 over the repeats), within its spread."""
 
 
 ALONE_CONFIDENCE = 1.0
