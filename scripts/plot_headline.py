@@ -106,6 +106,7 @@ PANELS = [
             # The gate's window of 128 steps at one request (the default since 8f7bf8c)
             # against 16 ("old"), K = 1 beside.
             ("s31 8f7bf8c", "cpu_session31_window_c1_x6"),
+            ("s31 5ae17e9", "cpu_session31_mainjob_5ae17e9"),
         ],
     ),
 ]
