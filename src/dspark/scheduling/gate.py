@@ -201,8 +201,7 @@ class _Bucket:
         drafted arms with one pseudo-step more)."""
         steps = self.steps(arm)
         # Sums through ``map`` (C loops, not generator frames: a batch of one keeps 128
-        # steps, and this runs for both arms every step): 81 -> 56 us a decision at one
-        # request on this 2-core CPU, 18 -> 12 with 16 steps; the same sums in the same
+        # steps, and this runs for both arms every step); the same sums in the same
         # order, squares as x * x (x ** 2 rounds differently in the last bit at times).
         tokens, walls = zip(*steps, strict=True)
         total_wall = sum(walls)
