@@ -417,10 +417,10 @@ def test_a_stalled_step_counts_at_most_twice_the_median_unless_it_emitted_more()
 
     bucket = _Bucket(window=16)
     for sample in [(100, 150.0), (100, 10.0)]:
-        bucket.samples[DRAFTED].append(sample)
+        bucket.add(DRAFTED, *sample)
     assert bucket.rate(DRAFTED) == 200 / 160.0  # two steps: no median to judge by yet
     for sample in [(100, 12.0), (300, 25.0)]:
-        bucket.samples[DRAFTED].append(sample)
+        bucket.add(DRAFTED, *sample)
     # Median wall of the four: 25 (the upper middle), median tokens 100: the stall counts
     # as 50 ms; the 300-token step may take up to 150 ms and keeps its 25.
     assert bucket.steps(DRAFTED) == [(100, 50.0), (100, 10.0), (100, 12.0), (300, 25.0)]
@@ -428,12 +428,12 @@ def test_a_stalled_step_counts_at_most_twice_the_median_unless_it_emitted_more()
     # Three steps are enough to judge: the median of (10, 10, 150) is 10.
     three = _Bucket(window=16)
     for sample in [(100, 10.0), (100, 150.0), (100, 10.0)]:
-        three.samples[DRAFTED].append(sample)
+        three.add(DRAFTED, *sample)
     assert three.steps(DRAFTED) == [(100, 10.0), (100, 20.0), (100, 10.0)]
     # Steps with a prompt chunk keep their walls: they follow the chunk's size.
     mixed = _Bucket(window=16, mixed=True)
     for sample in [(100, 10.0), (100, 150.0), (100, 10.0)]:
-        mixed.samples[DRAFTED].append(sample)
+        mixed.add(DRAFTED, *sample)
     assert mixed.rate(DRAFTED) == 300 / 170.0
 
 
@@ -494,3 +494,23 @@ def test_wider_veto_bounds_at_one_request_are_a_setting():
     assert decisions(1) == [False] * 7 + [True]
     assert decisions(1, alone_confidence=3.0) == [True] * 8
     assert decisions(2, alone_confidence=3.0) == [False] * 8
+
+
+def test_kept_figures_follow_every_change_of_the_window():
+    # rate_and_error is kept between steps; it must equal a fresh computation over the
+    # same window after every add, with the window full (steps dropping out) or not, with
+    # stalls that the cap changes, on whichever arm was added to.
+    from dspark.scheduling.gate import DECLINED, DRAFTED, UNDRAFTED, _Bucket
+
+    rng = np.random.default_rng(7)
+    bucket = _Bucket(window=8)
+    for _ in range(200):
+        arm = int(rng.integers(0, 3))
+        wall = float(rng.uniform(3.0, 6.0)) * (10.0 if rng.random() < 0.1 else 1.0)
+        bucket.add(arm, int(rng.integers(1, 6)), wall)
+        fresh = _Bucket(window=8)
+        for other in (DRAFTED, UNDRAFTED, DECLINED):
+            for step in bucket.samples[other]:
+                fresh.add(other, *step)
+            if bucket.samples[other]:
+                assert bucket.rate_and_error(other) == fresh.rate_and_error(other)

@@ -153,6 +153,9 @@ class _Bucket:
     smallest: int = 1  # the smallest batch size of the bucket (a power of two)
     mixed: bool = False  # steps with a prompt chunk (their walls follow the chunk's size)
     samples: tuple[deque, deque, deque] = field(init=False)  # (tokens, wall ms) per arm
+    # Each arm's (rate, standard error), kept until its window changes (``add``): a step
+    # adds to one arm, and the decisions read both arms' figures every step.
+    figures: list = field(init=False)
     since_explored: int = 0  # decisions since the other arm was last taken
     declined: int = 0  # steps the cost model left undrafted since the last probe
     overruled: int = 0  # steps the cost model left undrafted that the gate drafted
@@ -160,6 +163,12 @@ class _Bucket:
 
     def __post_init__(self) -> None:
         self.samples = tuple(deque(maxlen=self.window) for _ in (DRAFTED, UNDRAFTED, DECLINED))
+        self.figures = [None, None, None]
+
+    def add(self, arm: int, tokens: int, wall_ms: float) -> None:
+        """One step measured on ``arm`` (its window's oldest step drops out when full)."""
+        self.samples[arm].append((tokens, wall_ms))
+        self.figures[arm] = None
 
     def steps(self, arm: int) -> list[tuple[int, float]]:
         """The arm's window, each wall time capped (``OUTLIER_WALL``) once the window holds
@@ -198,7 +207,14 @@ class _Bucket:
     def rate_and_error(self, arm: int) -> tuple[float, float]:
         """The arm's rate and its standard error: the ratio of sums' delta-method error,
         ``sqrt(Σ (tokens - rate · wall)²) / Σ wall`` over the window's steps (the
-        drafted arms with one pseudo-step more)."""
+        drafted arms with one pseudo-step more). Computed once per change of the
+        window (``add``)."""
+        figure = self.figures[arm]
+        if figure is None:
+            figure = self.figures[arm] = self._rate_and_error(arm)
+        return figure
+
+    def _rate_and_error(self, arm: int) -> tuple[float, float]:
         steps = self.steps(arm)
         # Sums through ``map`` (C loops, not generator frames: a batch of one keeps 128
         # steps, and this runs for both arms every step); the same sums in the same
@@ -398,8 +414,7 @@ class ThroughputGate:
         if declined and not drafted:
             raise ValueError("an undrafted step cannot be a declined step drafted anyway")
         arm = (DECLINED if declined else DRAFTED) if drafted else UNDRAFTED
-        state = self._get(num_reqs, mixed)
-        state.samples[arm].append((tokens, wall_ms))
+        self._get(num_reqs, mixed).add(arm, tokens, wall_ms)
 
     def rates(self, num_reqs: int, mixed: bool = False) -> tuple[float | None, float | None]:
         """(drafted, undrafted) tokens per ms measured for this batch size's bucket."""
