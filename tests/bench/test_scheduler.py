@@ -26,6 +26,7 @@ def test_every_verifier_plan_in_the_bench_is_a_real_search(monkeypatch):
         "verifier_plan",
         "drafting_depth",
         "verifier_step",
+        "gate_step",
     }
     assert cases <= set(result.us)
     assert np.isfinite(list(result.us.values())).all()
@@ -43,3 +44,18 @@ def test_the_saved_results_name_the_code_that_ran(tmp_path):
     saved = json.loads(json_path.read_text())
     assert saved["source_digest"] == source_digest()
     assert [r["num_reqs"] for r in saved["results"]] == [4]
+
+
+def test_the_gate_step_is_timed_on_full_windows_that_the_cap_reads():
+    from dspark.bench.scheduler import _gate_step
+    from dspark.scheduling.gate import ALONE_WINDOW, DRAFTED, UNDRAFTED
+
+    for num_reqs, window in [(1, ALONE_WINDOW), (64, 16)]:
+        step = _gate_step(num_reqs, 0)
+        bucket = step.gate._get(num_reqs, False)
+        assert [len(bucket.samples[arm]) for arm in (DRAFTED, UNDRAFTED)] == [window, window]
+        walls = [wall for _, wall in bucket.samples[DRAFTED]]
+        assert max(walls) > 2 * min(walls)  # the outlier cap's slow path in the old gate
+        # Drafted steps lead (2.5x the undrafted tokens a ms): the undrafted arm is only
+        # explored, so the timed decisions are mostly the drafting ones.
+        assert sum(step(None) for _ in range(64)) >= 60

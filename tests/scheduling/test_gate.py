@@ -496,21 +496,42 @@ def test_wider_veto_bounds_at_one_request_are_a_setting():
     assert decisions(2, alone_confidence=3.0) == [False] * 8
 
 
-def test_kept_figures_follow_every_change_of_the_window():
-    # rate_and_error is kept between steps; it must equal a fresh computation over the
-    # same window after every add, with the window full (steps dropping out) or not, with
-    # stalls that the cap changes, on whichever arm was added to.
+def _figures_by_definition(bucket, arm):
+    """rate_and_error straight from its definition over the capped window (``steps``)."""
+    from dspark.scheduling.gate import UNDRAFTED
+
+    steps = bucket.steps(arm)
+    total_wall = sum(wall for _, wall in steps)
+    rate = sum(tokens for tokens, _ in steps) / total_wall
+    squares = sum((tokens - rate * wall) ** 2 for tokens, wall in steps)
+    if arm != UNDRAFTED:
+        squares += (rate * total_wall / len(steps)) ** 2 / bucket.smallest
+    return rate, squares**0.5 / total_wall
+
+
+@pytest.mark.parametrize(
+    ("window", "smallest", "mixed"), [(8, 1, False), (128, 1, False), (16, 4, False), (16, 1, True)]
+)
+def test_figures_kept_step_by_step_match_their_definition(window, smallest, mixed):
+    # The figures come from running sums, sorted walls and tokens kept as steps come and
+    # go (and from a cache between changes); after every add they must match a pass over
+    # the capped window: full windows (steps dropping out), stalls the cap shortens, tied
+    # walls, steps whose tokens lift their cap, each arm, long enough for several fresh
+    # recomputations of the sums.
     from dspark.scheduling.gate import DECLINED, DRAFTED, UNDRAFTED, _Bucket
 
-    rng = np.random.default_rng(7)
-    bucket = _Bucket(window=8)
-    for _ in range(200):
+    rng = np.random.default_rng(window + smallest)
+    bucket = _Bucket(window=window, smallest=smallest, mixed=mixed)
+    for _ in range(6 * window + 50):
         arm = int(rng.integers(0, 3))
-        wall = float(rng.uniform(3.0, 6.0)) * (10.0 if rng.random() < 0.1 else 1.0)
-        bucket.add(arm, int(rng.integers(1, 6)), wall)
-        fresh = _Bucket(window=8)
+        wall = float(rng.choice([4.0, 5.0])) if rng.random() < 0.2 else float(rng.uniform(3, 6))
+        if rng.random() < 0.1:
+            wall *= 10.0  # a stall
+        tokens = int(rng.integers(1, 6)) * (8 if rng.random() < 0.05 else 1)
+        bucket.add(arm, tokens, wall)
         for other in (DRAFTED, UNDRAFTED, DECLINED):
-            for step in bucket.samples[other]:
-                fresh.add(other, *step)
             if bucket.samples[other]:
-                assert bucket.rate_and_error(other) == fresh.rate_and_error(other)
+                rate, error = bucket.rate_and_error(other)
+                want_rate, want_error = _figures_by_definition(bucket, other)
+                assert rate == pytest.approx(want_rate, rel=1e-12)
+                assert error == pytest.approx(want_error, rel=1e-9, abs=1e-9 * want_rate)

@@ -37,6 +37,7 @@ from dspark.scheduling import (
 )
 from dspark.scheduling._checks import as_confidences, as_draft_counts, count_total
 from dspark.scheduling.budget import best_budget, search_sorts
+from dspark.scheduling.gate import ALONE_WINDOW, ThroughputGate
 from dspark.scheduling.survival import survival_by_position, threshold_partitions
 
 NUM_POSITIONS = 7
@@ -194,6 +195,7 @@ def bench_size(config: BenchConfig, num_reqs: int, tables: CostTables) -> SizeRe
         "verifier_plan": plan_only,
         "drafting_depth": drafting_depth,
         "verifier_step": engine_step,
+        "gate_step": _gate_step(num_reqs, config.seed),
     }
     if config.breakdown:
         cases |= _budget_parts(batches, tables, num_reqs)
@@ -210,6 +212,36 @@ def bench_size(config: BenchConfig, num_reqs: int, tables: CostTables) -> SizeRe
     if config.torch_device == "cuda":
         result.us |= _torch_allocate_cuda_us(batches, allocation_budget, config.repeats)
     return result
+
+
+def _gate_step(num_reqs: int, seed: int) -> Callable[[Batch], object]:
+    """The throughput gate's decision and its record for one step of ``num_reqs``
+    requests, as the engine takes them on every step the cost model drafts. The gate's
+    windows are full (a batch of one keeps ``ALONE_WINDOW`` steps an arm, larger ones the
+    gate's window) of drafted steps whose walls vary as drafting depths' do (some above
+    twice the shortest, so the outlier cap applies) and of steadier undrafted ones."""
+    gate = ThroughputGate()
+    rng = np.random.default_rng([seed, num_reqs, 1])
+    count = 4096
+    tokens = rng.integers(num_reqs, num_reqs * (NUM_POSITIONS + 1) + 1, count).tolist()
+    drafted_walls = rng.uniform(3.5, 8.5, count).tolist()
+    undrafted_walls = rng.uniform(3.2, 3.5, count).tolist()
+    index = [0]
+
+    def step(_batch: Batch | None) -> bool:
+        i = index[0] = (index[0] + 1) % count
+        drafted = gate.should_draft(num_reqs)
+        if drafted:
+            gate.record(num_reqs, True, tokens[i], drafted_walls[i])
+        else:
+            gate.record(num_reqs, False, num_reqs, undrafted_walls[i])
+        return drafted
+
+    for i in range(ALONE_WINDOW):  # both arms' windows full
+        gate.record(num_reqs, True, tokens[i], drafted_walls[i])
+        gate.record(num_reqs, False, num_reqs, undrafted_walls[i])
+    step.gate = gate  # for tests
+    return step
 
 
 def _budget_parts(

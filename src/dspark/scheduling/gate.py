@@ -51,9 +51,11 @@ step they decide, so sampling stays lossless (see ``AdaptiveVerifier``).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, field
-from operator import mul, sub
+from itertools import islice
+from math import inf
 
 DRAFTED, UNDRAFTED, DECLINED = 0, 1, 2
 """The arms a bucket measures: drafted steps the cost model chose, undrafted steps, and
@@ -108,9 +110,12 @@ where drafting loses), 0.962x and 0.952x no speculation with 16, 0.966x and 0.96
 with 128. At session 13's step times 0.994x/0.997x against 0.998x/0.987x, and overconfident
 0.941x/0.937x against 0.949x/0.946x no speculation; at the 2-core CPU's
 (``PRICES=cpu31``) 1.014x/1.017x against 1.013x/1.017x, overconfident 1.001x/1.000x
-against 0.998x/0.993x no speculation. Not yet measured end to end on the H200; on the
-2-core CPU one A/B run (6 repeats, ``--variant old:gate_alone_window=16``) put 16 at
-1.038x 128 (paired 1.061, 0.82-1.40 over the repeats), within its spread."""
+against 0.998x/0.993x no speculation. End to end (``--variant old:gate_alone_window=16``),
+on the H200 (session 32, SmolLM2 + its drafter at one request, 8 repeats) the window
+vetoed 7 of the cost model's drafted steps a repeat against 149.5 with 16, and ran
+level with it (0.985x; 0.975x and 0.986x K = 3 read at one host speed, each +-0.017:
+drafting pays only 1.04x there); on the 2-core CPU one run (6 repeats) put 16 at 1.038x
+128 (paired 1.061, 0.82-1.40 over the repeats), within its spread."""
 
 
 ALONE_CONFIDENCE = 1.0
@@ -147,11 +152,112 @@ their tokens do not show. The price: an arm that really slows down more than
 requests: drafting ends at the eighth slow step, not the sixth)."""
 
 
+class _Window:
+    """One arm's last ``size`` steps, and what its figures need kept up to date as steps
+    come and go: the steps in order of wall time and their token counts in order (the
+    medians the outlier cap reads), and running sums of tokens and walls, their squares
+    and their products. The figures then cost a few operations a step plus a few per
+    capped step, where summing the window cost a pass over it (a batch of one keeps 128
+    steps: a decision and its record took 149 µs on this 2-core CPU, 27 with a window of
+    16, once some wall exceeded twice the shortest, as drafted steps' walls do; 9 with
+    these sums, either window, in the same run: ``scripts/gate_cost_ab.py``).
+
+    The sums are of each step's distance from a reference step (``shift``: the window's
+    means when the sums were last taken afresh), so the squares that the error is made of
+    are never a small difference of large totals; they are taken afresh from the steps
+    every ``size`` additions, so rounding never builds up."""
+
+    __slots__ = ("by_wall", "shift", "since_fresh", "steps", "sums", "tokens")
+
+    def __init__(self, size: int) -> None:
+        self.steps: deque[tuple[int, float]] = deque(maxlen=size)
+        self.by_wall: list[tuple[float, int]] = []  # (wall, tokens), ascending
+        self.tokens: list[int] = []  # ascending
+        self.shift = (0.0, 0.0)  # the (tokens, wall) the sums are measured from
+        # Σ a, Σ b, Σ a², Σ a·b, Σ b² for a = tokens - shift tokens, b = wall - shift wall
+        self.sums = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self.since_fresh = 0
+
+    def add(self, tokens: int, wall: float) -> None:
+        if not self.steps:
+            self.shift = (float(tokens), float(wall))
+        if len(self.steps) == self.steps.maxlen:
+            old_tokens, old_wall = self.steps[0]  # drops out with this append
+            del self.by_wall[bisect_left(self.by_wall, (old_wall, old_tokens))]
+            del self.tokens[bisect_left(self.tokens, old_tokens)]
+            self._accumulate(old_tokens, old_wall, -1.0)
+        self.steps.append((tokens, wall))
+        insort(self.by_wall, (wall, tokens))
+        insort(self.tokens, tokens)
+        self.since_fresh += 1
+        if self.since_fresh < self.steps.maxlen:
+            self._accumulate(tokens, wall, 1.0)
+            return
+        # Afresh, from the window's means.
+        self.since_fresh = 0
+        count = len(self.steps)
+        self.shift = (
+            sum(step_tokens for step_tokens, _ in self.steps) / count,
+            sum(step_wall for _, step_wall in self.steps) / count,
+        )
+        self.sums = [0.0, 0.0, 0.0, 0.0, 0.0]
+        for step_tokens, step_wall in self.steps:
+            self._accumulate(step_tokens, step_wall, 1.0)
+
+    def _accumulate(self, tokens: int, wall: float, sign: float) -> None:
+        """Adds one step to the sums (``sign`` 1) or takes it out (-1)."""
+        a, b = tokens - self.shift[0], wall - self.shift[1]
+        sums = self.sums
+        sums[0] += sign * a
+        sums[1] += sign * b
+        sums[2] += sign * (a * a)
+        sums[3] += sign * (a * b)
+        sums[4] += sign * (b * b)
+
+    def figures(self, capped: bool, smallest: int) -> tuple[float, float]:
+        """(rate, standard error) as ``_Bucket.rate_and_error`` defines them, walls capped
+        as ``_Bucket.steps`` caps them when ``capped``; ``smallest``: the pseudo-step's
+        batch size (0: none)."""
+        count = len(self.steps)
+        shift_tokens, shift_wall = self.shift
+        sum_a, sum_b, sum_aa, sum_ab, sum_bb = self.sums
+        if capped and count >= OUTLIER_MIN_STEPS:
+            middle = count // 2
+            wall_cap = OUTLIER_WALL * self.by_wall[middle][0]
+            typical_tokens = max(self.tokens[middle], 1)
+            # Only walls above the cap itself can be capped (the cap grows with tokens).
+            above = bisect_right(self.by_wall, (wall_cap, inf))
+            for wall, tokens in islice(self.by_wall, above, None):
+                limit = wall_cap * max(1.0, tokens / typical_tokens)
+                if wall > limit:
+                    a, b, b_capped = tokens - shift_tokens, wall - shift_wall, limit - shift_wall
+                    sum_b += b_capped - b
+                    sum_ab += a * (b_capped - b)
+                    sum_bb += b_capped * b_capped - b * b
+        total_wall = count * shift_wall + sum_b
+        rate = (count * shift_tokens + sum_a) / total_wall
+        # Σ (tokens - rate · wall)² = Σ (a - rate · b + c)² with c = shift tokens - rate ·
+        # shift wall; rounding can leave it a hair below zero.
+        c = shift_tokens - rate * shift_wall
+        squares = (
+            sum_aa
+            - 2.0 * rate * sum_ab
+            + rate * rate * sum_bb
+            + 2.0 * c * (sum_a - rate * sum_b)
+            + count * c * c
+        )
+        squares = max(squares, 0.0)
+        if smallest:
+            squares += (rate * total_wall / count) ** 2 / smallest
+        return rate, squares**0.5 / total_wall
+
+
 @dataclass
 class _Bucket:
     window: int
     smallest: int = 1  # the smallest batch size of the bucket (a power of two)
     mixed: bool = False  # steps with a prompt chunk (their walls follow the chunk's size)
+    windows: tuple[_Window, _Window, _Window] = field(init=False)  # one per arm
     samples: tuple[deque, deque, deque] = field(init=False)  # (tokens, wall ms) per arm
     # Each arm's (rate, standard error), kept until its window changes (``add``): a step
     # adds to one arm, and the decisions read both arms' figures every step.
@@ -162,12 +268,13 @@ class _Bucket:
     probes_in_a_row: int = 0  # probes since the cost model last drafted on its own
 
     def __post_init__(self) -> None:
-        self.samples = tuple(deque(maxlen=self.window) for _ in (DRAFTED, UNDRAFTED, DECLINED))
+        self.windows = tuple(_Window(self.window) for _ in (DRAFTED, UNDRAFTED, DECLINED))
+        self.samples = tuple(window.steps for window in self.windows)
         self.figures = [None, None, None]
 
     def add(self, arm: int, tokens: int, wall_ms: float) -> None:
         """One step measured on ``arm`` (its window's oldest step drops out when full)."""
-        self.samples[arm].append((tokens, wall_ms))
+        self.windows[arm].add(tokens, wall_ms)
         self.figures[arm] = None
 
     def steps(self, arm: int) -> list[tuple[int, float]]:
@@ -215,28 +322,17 @@ class _Bucket:
         return figure
 
     def _rate_and_error(self, arm: int) -> tuple[float, float]:
-        steps = self.steps(arm)
-        # Sums through ``map`` (C loops, not generator frames: a batch of one keeps 128
-        # steps, and this runs for both arms every step); the same sums in the same
-        # order, squares as x * x (x ** 2 rounds differently in the last bit at times).
-        tokens, walls = zip(*steps, strict=True)
-        total_wall = sum(walls)
-        rate = sum(tokens) / total_wall
-        residuals = list(map(sub, tokens, map(rate.__mul__, walls)))
-        squares = sum(map(mul, residuals, residuals))
-        if arm != UNDRAFTED:
-            # Drafted steps' token counts vary by design: a few that happen to agree do
-            # not make the figure certain. One pseudo-step stands for the spread not seen
-            # yet: as far from the rate as the rate itself for one request, and for n
-            # requests sqrt(n) times less in proportion (a step's tokens are a sum over
-            # its requests' rounds; the bucket's smallest n). A spread that does not
-            # shrink with the batch would keep the drafted arm's bound a fixed share
-            # above its rate (1/16 with a window of 16) at every batch size, so drafting
-            # that measured up to that much slower would still be taken (SmolLM2 at 64
-            # requests on an H200: drafted 6.92 tokens/ms against 7.37 undrafted, drafted
-            # in 30 of 55 steps).
-            squares += (rate * total_wall / len(steps)) ** 2 / self.smallest
-        return rate, squares**0.5 / total_wall
+        # Drafted steps' token counts vary by design: a few that happen to agree do not
+        # make the figure certain. One pseudo-step stands for the spread not seen yet: as
+        # far from the rate as the rate itself for one request, and for n requests
+        # sqrt(n) times less in proportion (a step's tokens are a sum over its requests'
+        # rounds; the bucket's smallest n). A spread that does not shrink with the batch
+        # would keep the drafted arm's bound a fixed share above its rate (1/16 with a
+        # window of 16) at every batch size, so drafting that measured up to that much
+        # slower would still be taken (SmolLM2 at 64 requests on an H200: drafted 6.92
+        # tokens/ms against 7.37 undrafted, drafted in 30 of 55 steps).
+        smallest = 0 if arm == UNDRAFTED else self.smallest
+        return self.windows[arm].figures(not self.mixed, smallest)
 
 
 class ThroughputGate:
