@@ -69,6 +69,13 @@ PANELS = [
             ("s31 f4b82b0", "h200/session31/ab64", "adaptive≤7 nomem"),
             ("s31 f4b82b0", "h200/session31/ab16", "adaptive≤7 nomem"),
             ("s31 f4b82b0", "h200/session31/ab1", "adaptive≤7 nomem"),
+            # Session 32 (4617c0b): the gate's 128-step window at one request beside 16
+            # ("old"); levels 16 and 64; adaptive with K = 4 at 16 (--k 4).
+            ("s32 4617c0b", "h200/session32/gate1"),
+            ("s32 4617c0b", "h200/session32/gate4"),
+            ("s32 4617c0b", "h200/session32/now16"),
+            ("s32 4617c0b", "h200/session32/now64"),
+            ("s32 4617c0b k4", "h200/session32/k4c16", "adaptive≤4"),
         ],
     ),
     (
