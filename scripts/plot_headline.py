@@ -76,6 +76,8 @@ PANELS = [
             ("s32 4617c0b", "h200/session32/now16"),
             ("s32 4617c0b", "h200/session32/now64"),
             ("s32 4617c0b k4", "h200/session32/k4c16", "adaptive≤4"),
+            # The gate's windows as running sums (76a874d): 128 steps against 16 at one.
+            ("s32 76a874d", "h200/session32/gate1b"),
         ],
     ),
     (
