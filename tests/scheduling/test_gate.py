@@ -83,8 +83,9 @@ def test_bad_arguments_are_errors():
         ThroughputGate(alone_window=0)
     with pytest.raises(ValueError, match="min_steps"):
         ThroughputGate(window=2, min_steps=3)
-    with pytest.raises(ValueError, match="wall time"):
-        ThroughputGate().record(4, True, 3, 0.0)
+    for wall in (0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="wall time"):
+            ThroughputGate().record(4, True, 3, wall)
 
 
 def test_slow_first_steps_of_an_arm_are_measured_again_soon():

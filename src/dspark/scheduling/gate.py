@@ -503,9 +503,10 @@ class ThroughputGate:
         the next chosen step by probes of poor ones (SmolLM2 at one request on an H200:
         chosen steps 0.363 tokens/ms, probes 0.251, undrafted 0.262; mixed, the drafted
         figure fell to 0.249 and vetoed 268 chosen steps of 2,068, in runs of up to 31)."""
-        if not wall_ms > 0.0 or tokens < 0:
+        if not 0.0 < wall_ms < inf or tokens < 0:  # the windows' sums would turn to NaN
             raise ValueError(
-                f"need a positive wall time and a token count >= 0, got {wall_ms} ms, {tokens}"
+                f"need a positive, finite wall time and a token count >= 0, got {wall_ms} ms,"
+                f" {tokens}"
             )
         if declined and not drafted:
             raise ValueError("an undrafted step cannot be a declined step drafted anyway")
