@@ -116,6 +116,7 @@ PANELS = [
             # against 16 ("old"), K = 1 beside.
             ("s31 8f7bf8c", "cpu_session31_window_c1_x6"),
             ("s31 5ae17e9", "cpu_session31_mainjob_5ae17e9"),
+            ("s32 28e8906", "cpu_session32_mainjob_28e8906"),
         ],
     ),
 ]
