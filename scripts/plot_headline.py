@@ -43,6 +43,12 @@ PANELS = [
             ("s28 9789a63", "h200/session28/b8_c4_x2"),
             ("s28 9789a63", "h200/session28/b8_c16_x3"),
             ("s28 9789a63", "h200/session28/b8_c64_x2"),
+            # Session 33 (cea5631's code): every level but 64, whose JSON was lost (its
+            # table is in b8_c64_x2/log.txt); 1 cut short after four of five repeats.
+            ("s33 cea5631", "h200/session33/b8_c1_x4"),
+            ("s33 cea5631", "h200/session33/b8_c4_x2"),
+            ("s33 cea5631", "h200/session33/b8_c16_x3"),
+            ("s33 cea5631", "h200/session33/b8_c256_x2"),
         ],
     ),
     (
@@ -125,7 +131,7 @@ PANELS = [
 def ratios(path: Path, adaptive_label: str | None = None) -> list[dict]:
     """Per concurrency of one bench.json: adaptive (plain, or the row ``adaptive_label``)
     over the best fixed K and over no speculation."""
-    rows = json.loads((path / "bench.json").read_text())["rows"]
+    rows = bench_rows(path)
     out = []
     for conc in sorted({r["concurrency"] for r in rows}):
         level = [r for r in rows if r["concurrency"] == conc]
@@ -158,12 +164,35 @@ def ratios(path: Path, adaptive_label: str | None = None) -> list[dict]:
     return out
 
 
-# The 8B shape's levels on the current code (16: session 24, the same behaviour).
+def bench_rows(path: Path) -> list[dict]:
+    """A run's rows: ``bench.json``'s, or where the run was cut short (only
+    ``bench.partial.json``, one entry per finished run) each setting's runs gathered as
+    ``dspark bench`` gathers them (tok/s and per-user tok/s the medians over repeats)."""
+    if (path / "bench.json").exists():
+        return json.loads((path / "bench.json").read_text())["rows"]
+    runs: dict[tuple[int, str], list[dict]] = {}
+    for run in json.loads((path / "bench.partial.json").read_text()):
+        runs.setdefault((run["concurrency"], run["label"]), []).append(run)
+    return [
+        {
+            "concurrency": conc,
+            "label": label,
+            "tok_s": float(np.median([r["tok_s"] for r in done])),
+            "tok_s_runs": [r["tok_s"] for r in done],
+            "per_user_tok_s": float(np.median([r["per_user_tok_s"] for r in done])),
+        }
+        for (conc, label), done in runs.items()
+    ]
+
+
+# The 8B shape's levels on the current code (session 33; 64: session 28's run, session
+# 33's JSON did not come back from the GPU machine).
 SWEEP_8B = [
-    "h200/session25/b8_c4_c1_x3",
-    "h200/session24/b8_c16_x5",
-    "h200/session25/b8_c64_x3",
-    "h200/session25/b8_c256_x2",
+    "h200/session33/b8_c1_x4",
+    "h200/session33/b8_c4_x2",
+    "h200/session33/b8_c16_x3",
+    "h200/session28/b8_c64_x2",
+    "h200/session33/b8_c256_x2",
 ]
 
 
@@ -172,9 +201,7 @@ def plot_merged_sweep(folders: list[str], out: Path, title: str) -> None:
     rows; each level comes from one run, with the fixed Ks that run compared."""
     from dspark.bench.sweep import plot
 
-    rows = [
-        r for f in folders for r in json.loads((RESULTS / f / "bench.json").read_text())["rows"]
-    ]
+    rows = [r for f in folders for r in bench_rows(RESULTS / f)]
     # A setting not run at a level gets a gap there, not a line drawn across it.
     levels = sorted({r["concurrency"] for r in rows})
     for label in {r["label"] for r in rows}:
@@ -190,7 +217,7 @@ def plot_merged_sweep(folders: list[str], out: Path, title: str) -> None:
 def main() -> None:
     plot_merged_sweep(
         SWEEP_8B,
-        RESULTS / "h200" / "session25" / "b8_levels.png",
+        RESULTS / "h200" / "session33" / "b8_levels.png",
         "H200, Llama-3-8B shape, acceptance REPLAYED; fixed Ks as run at each level",
     )
     import matplotlib

@@ -18,13 +18,7 @@
 #                                        ("new old new old"); each run's JSON in
 #                                        $OUT/ab_<n>_<old|new>
 # Several modes run in order (each under its own limit); each writes $OUT/b8_<mode>.
-export PYTHONPATH=src
-OUT=${OUT:-/tmp/out}
-set +e +o pipefail
-nvidia-smi --query-gpu=name --format=csv,noheader
-python3 -m dspark.bench.provenance
-C="python3 -m dspark.cli bench --shape llama3-8b --device cuda --dtype bfloat16
-   --prompts .gpu/prompts.npz --max-tokens 128 --trace published:chat --full-warmup"
+source scripts/gpu/b8_common.sh  # PYTHONPATH, OUT, $C
 for mode in "$@"; do
   case "$mode" in
     lo) args="--repeats ${REPEATS:-3} --concurrency 4 1 --fixed 6 --min-requests 24 --no-baseline"
