@@ -123,6 +123,7 @@ PANELS = [
             ("s31 8f7bf8c", "cpu_session31_window_c1_x6"),
             ("s31 5ae17e9", "cpu_session31_mainjob_5ae17e9"),
             ("s32 28e8906", "cpu_session32_mainjob_28e8906"),
+            ("s33 71d8e70", "cpu_session33_mainjob_71d8e70"),
         ],
     ),
 ]
