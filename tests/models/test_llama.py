@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from dspark.models.loader import load_model
@@ -153,7 +155,7 @@ def test_one_row_doubled_through_the_transposed_product_matches_f_linear(monkeyp
         calls.append(tuple(b.shape))
         return original(a, b)
 
-    monkeypatch.setitem(llama._ROW_PLAN, (96, 40), (False, True, False))
+    monkeypatch.setitem(llama._ROW_PLAN, (96, 40), (0, 2, -2))
     monkeypatch.setattr(llama.torch, "mm", spy)
     out = llama.linear(x, weight, bias)
     assert calls == [(40, 2)]  # the row twice, one product
@@ -161,20 +163,62 @@ def test_one_row_doubled_through_the_transposed_product_matches_f_linear(monkeyp
     torch.testing.assert_close(out, F.linear(x, weight, bias))
 
 
-def test_tune_small_rows_keeps_the_faster_product_per_row_count(monkeypatch):
-    """A scripted clock: F.linear is faster at 2 and 3 rows and at 64, weight @ x.T at the
-    counts timed in between. Calls come as (start, end) pairs per row count timed, repeat
-    and product (F.linear first). A count not timed takes the next timed one's choice."""
+def test_plan_from_times_pads_only_to_a_clearly_faster_larger_count():
+    """Hand-made times ([F.linear, weight @ x.T] per count timed): 3 runs slower than 4,
+    8 and 12 slower than 16 (by more than PAD_GAIN), 2 within it of 4's time, 24
+    F.linear's and 48 faster than 24 but by less than PAD_GAIN; targets are multiples of
+    PAD_MULTIPLE only."""
+    from dspark.models.llama import PAD_GAIN, PAD_MULTIPLE, plan_from_times
+
+    assert (PAD_GAIN, PAD_MULTIPLE) == (0.9, 4)
+    best = {
+        1: [60.0, 40.0],  # weight @ x.T (the row padded to two)
+        2: [50.0, 36.0],
+        3: [70.0, 49.0],  # 4 is faster: padded to 4
+        4: [80.0, 39.0],
+        8: [90.0, 84.0],  # 16 is faster: padded to 16, and 5-7 with it
+        12: [95.0, 89.0],
+        16: [99.0, 74.0],
+        24: [90.0, 96.0],  # F.linear over its own rows; 48's 88 is not 5% faster
+        48: [88.0, 120.0],
+    }
+    plan = plan_from_times(best)
+    assert len(plan) == 49
+    assert plan[1] == 2 and plan[2] == 2  # one row padded to two, as timed; two as itself
+    assert plan[3] == 4 and plan[4] == 4
+    assert plan[5:9] == (16, 16, 16, 16)  # 5-7 follow 8, padded to 16
+    assert plan[9:13] == (16, 16, 16, 16)
+    assert plan[13:17] == (13, 14, 15, 16)  # as 16: weight @ x.T over their own rows
+    assert plan[17:25] == tuple(-n for n in range(17, 25))  # as 24: F.linear, unpadded
+    assert plan[25:49] == tuple(-n for n in range(25, 49))
+    # No larger multiple of 4 timed: nothing is padded.
+    flat = plan_from_times({1: [10.0, 20.0], 2: [10.0, 9.6], 3: [10.0, 9.7]})
+    assert flat == (0, -1, 2, 3)
+    # 6 is much faster than 5 but not a multiple of 4; 8 is not faster by PAD_GAIN: 5 and
+    # 6 as themselves. At exactly PAD_GAIN of its time, 7 pads to 8.
+    odd = plan_from_times({5: [50.0, 46.0], 6: [50.0, 30.0], 7: [60.0, 50.0], 8: [60.0, 45.0]})
+    assert odd[5:] == (5, 6, 8, 8)
+
+
+def test_tune_small_rows_times_every_count_and_pads_where_measured_faster(monkeypatch):
+    """A scripted clock: weight @ x.T takes 1 + rows / 20 and F.linear 1 more, but 9 rows
+    take 2.5 either way (so 9 pads to 12, the fastest multiple of 4 above, at 1.6) and
+    F.linear at 64 takes 3.5 (against 4.2). Calls come as (start, end) pairs per repeat,
+    count and product (F.linear first): every count once a round."""
     import torch.nn.functional as F
 
     from dspark.models import llama
 
     weights = [torch.randn(24, 40), torch.randn(40, 24)]
-    blas = {2, 3, 64}
     ticks = []
-    for rows in llama.TUNED_ROWS:
-        for _ in range(2):
-            ticks += [1.0, 2.0] if rows in blas else [2.0, 1.5]
+    for _ in range(2):  # two repeats
+        for rows in llama.TUNED_ROWS:
+            pair = [2.0 + rows / 20, 1.0 + rows / 20]
+            if rows == 9:
+                pair = [2.5, 2.5]
+            elif rows == 64:
+                pair = [3.5, 4.2]
+            ticks += pair
     now, calls = [0.0], [0]
 
     def clock():
@@ -184,33 +228,82 @@ def test_tune_small_rows_keeps_the_faster_product_per_row_count(monkeypatch):
         return now[0]
 
     try:
-        assert llama.tune_small_rows(weights, clock=clock) == blas
+        assert llama.tune_small_rows(weights, clock=clock) == {64}
         assert calls[0] == 2 * len(ticks)
         # Measured once per weight set: a second engine on the model reads the answer.
-        assert llama.tune_small_rows(weights, clock=clock) == blas
+        assert llama.tune_small_rows(weights, clock=clock) == {64}
         assert calls[0] == 2 * len(ticks)
-        seen = []
-        original = F.linear
-
-        def spy(x, w, b=None):
-            seen.append(x.shape[0])
-            return original(x, w, b)
-
-        monkeypatch.setattr(llama.F, "linear", spy)
-        # 5 takes 6's choice, 20 takes 24's, 50 takes 64's; 65 is past the plan.
-        for rows in (1, 2, 3, 4, 5, 20, 48, 50, 64, 65):
-            x = torch.randn(rows, 40)
-            torch.testing.assert_close(llama.linear(x, weights[0]), original(x, weights[0]))
-        assert seen == [2, 3, 50, 64, 65]  # one row, doubled, measured faster than F.linear
         plan = llama.row_plan((24, 40))
-        assert plan[1] is True and plan[2] is False and plan[20] is True
+        assert plan[1] == 2 and plan[2:9] == tuple(range(2, 9))
+        assert plan[9] == 12 and plan[10] == 10
+        assert plan[17:25] == tuple(range(17, 25))  # as 24: their own rows
+        assert plan[49:65] == tuple(-n for n in range(49, 65))  # as 64: F.linear
+        assert llama.row_plan((40, 24)) == plan
+        columns, seen = [], []
+        mm, f_linear = torch.mm, F.linear
+
+        def spy_mm(a, b):
+            columns.append(b.shape[1])
+            return mm(a, b)
+
+        def spy_linear(x, w, b=None):
+            seen.append(x.shape[0])
+            return f_linear(x, w, b)
+
+        monkeypatch.setattr(llama.torch, "mm", spy_mm)
+        monkeypatch.setattr(llama.F, "linear", spy_linear)
+        for rows in (1, 3, 9, 20, 50, 64, 65):
+            x = torch.randn(rows, 40)
+            torch.testing.assert_close(llama.linear(x, weights[0]), f_linear(x, weights[0]))
+        assert columns == [2, 3, 12, 20]  # one row padded to two, 9 to 12
+        assert seen == [50, 64, 65]  # F.linear as timed at 64; 65 past the plan
+        columns.clear()
         llama.forget_small_rows(weights)  # back to weight @ x.T for 2 ... 16 rows
         assert llama.row_plan((24, 40)) is None
         seen.clear()
         for rows in (1, 2, 16, 17):
             llama.linear(torch.randn(rows, 40), weights[0])
-        assert seen == [1, 17]
+        assert seen == [1, 17] and columns == [2, 16]  # the default: 2 ... 16 transposed
     finally:
         llama.forget_small_rows(weights)
         for key in [k for k in llama._TUNED if k[0] == ((24, 40), (40, 24))]:
             del llama._TUNED[key]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 20),
+    extra=st.integers(0, 12),
+    transposed=st.booleans(),
+    leading=st.sampled_from([(), (1,)]),
+    with_bias=st.booleans(),
+)
+def test_padded_products_match_f_linear(rows, extra, transposed, leading, with_bias):
+    """Whatever the plan pads a row count to, and with either product, ``linear`` gives
+    F.linear's rows: the zero rows added never reach the output."""
+    import torch.nn.functional as F
+
+    from dspark.models import llama
+
+    gen = torch.Generator().manual_seed(rows * 31 + extra)
+    weight, bias = torch.randn(96, 40, generator=gen), torch.randn(96, generator=gen)
+    x = torch.randn(*leading, rows, 40, generator=gen)
+    size = rows + extra
+    plan = [0] * (rows + 1)
+    plan[rows] = size if transposed else -size
+    if transposed and size == 1:
+        plan[rows] = 2
+    saved = llama._ROW_PLAN.get((96, 40))
+    llama._ROW_PLAN[(96, 40)] = tuple(plan)
+    try:
+        b = bias if with_bias else None
+        out = llama.linear(x, weight, b)
+        assert out.shape == (*leading, rows, 96)
+        torch.testing.assert_close(out, F.linear(x, weight, b))
+        if transposed and rows <= llama.ROW_MAJOR_MAX_ROWS:
+            assert out.is_contiguous()
+    finally:
+        if saved is None:
+            llama._ROW_PLAN.pop((96, 40), None)
+        else:
+            llama._ROW_PLAN[(96, 40)] = saved

@@ -170,10 +170,11 @@ class EngineConfig:
     # this share of the best depth's (and beats not drafting) is chosen
     # (``AdaptiveVerifier.depth_margin``; 0: the best promise wins).
     depth_margin: float = 0.0
-    # CPU: products of 2-64 rows (a verify step's K + 1 per request) run as whichever of
+    # CPU: products of 1-64 rows (a verify step's K + 1 per request) run as whichever of
     # F.linear and weight @ x.T measured faster on this machine at start-up, over the
-    # target's own weights (the drafter's shapes that match them follow; its others keep
-    # the untuned rule) ("tune", about 4 s, once per process and model;
+    # target's own weights, padded with zero rows to a larger count where that measured
+    # clearly faster (the drafter's shapes that match them follow; its others keep the
+    # untuned rule) ("tune", about 6 s, once per process and model;
     # ``dspark.models.llama.tune_small_rows``), or as weight @ x.T for 2-16 rows
     # ("transposed", the choice before session 10). Per weight shape, process-wide: the
     # last engine built on a model decides for that model's shapes.

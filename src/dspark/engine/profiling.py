@@ -46,8 +46,9 @@ EAGER_CAPTURE_SIZES = [1]
 # profile every size up to ``EAGER_SMALL_SIZES``, and CPU products of a few rows take the
 # product measured faster (``dspark.models.llama.tune_small_rows``); 6: sizes are timed
 # round by round (replay 1 of every size, then replay 2, ...), not size by size; 7: what a
-# key row of attention costs (``key_row_ms``).
-PROFILE_FORMAT = 7
+# key row of attention costs (``key_row_ms``); 8: CPU products may pad their rows to a
+# larger count measured faster (the small-row plan holds row counts, no longer switches).
+PROFILE_FORMAT = 8
 
 EAGER_SMALL_SIZES = 8
 """Eager steps are profiled at every token count 1 ... EAGER_SMALL_SIZES besides the
@@ -80,7 +81,7 @@ class EngineProfile:
     draft_depth_samples: list[tuple[int, int, float]] = field(default_factory=list)
     # CPU: the small-row plan the products ran under (``dspark.models.llama.row_plan``;
     # None where there is none): timed under another plan, the costs are another's.
-    row_plan: list[bool] | None = None
+    row_plan: list[int] | None = None
     # What a step pays per key row its attention gathers (requests x padded key span):
     # a full batch of decodes timed over cached contexts of two lengths, the difference
     # over the rows it added (``measure_key_rows``; 0 where the cache holds no second).
@@ -247,7 +248,7 @@ def _fitted(curve: list[tuple[int, float]], fit: str) -> list[tuple[int, float]]
     return monotone_curve(curve) if fit == "isotonic" else curve
 
 
-def current_row_plan(engine: LLMEngine) -> list[bool] | None:
+def current_row_plan(engine: LLMEngine) -> list[int] | None:
     """The small-row plan the engine's LM head products run under (None: none, e.g. on
     CUDA or before tuning)."""
     head = getattr(engine.model, "lm_head", None)

@@ -87,15 +87,31 @@ SKINNY_ROWS = 16
 SKINNY_ROWS rows run as ``weight @ x.T`` (the choice measured on the EPYC of sessions
 5-9)."""
 
-TUNED_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-"""The row counts ``tune_small_rows`` times; a count between two takes the choice of the
-next one timed, and more than the last runs as ``F.linear``. One row's alternative to
-``F.linear`` is the row twice as ``weight @ x.T`` (``linear``)."""
+TUNED_ROWS = (*range(1, 17), 24, 32, 48, 64)
+"""The row counts ``tune_small_rows`` times (every count a verify step of up to 16 tokens
+can have, then a few larger ones); a count between two takes the choice of the next one
+timed, and more than the last runs as ``F.linear``."""
 
-_ROW_PLAN: dict[tuple[int, int], tuple[bool, ...]] = {}
-"""Per weight shape, by row count: run as ``weight @ x.T`` (True) or ``F.linear``."""
+PAD_GAIN = 0.9
+PAD_MULTIPLE = 4
+"""``tune_small_rows`` pads a row count's products to a larger count timed, a multiple of
+``PAD_MULTIPLE``, where that one measured at most ``PAD_GAIN`` of the count's own best
+time: the BLAS of this 2-core VM runs some counts slower than larger ones (``weight @
+x.T`` over SmolLM2's weights, ``scripts/cpu_small_rows.py``: 49.3 ms at 3 rows against
+39.4 at 4; 82.5-131.2 ms at 7-15 rows against 74.5 at 16), so a verify step that checks
+an in-between number of tokens, as adaptive verification's do, paid more than one
+checking more. The targets are SIMD-friendly widths and the gain asked is wide because a
+count is timed over two sweeps on a machine whose speed wanders: with any target and a
+5% gain, one tuning padded 5 rows to 6 on a lucky sweep of 6 (41.5 against 45.8 ms),
+which then ran 1.30x slower than 5 unpadded (``scripts/cpu_padded_rows_ab.py``)."""
 
-_TUNED: dict[tuple, tuple[bool, ...]] = {}  # the plans tune_small_rows measured, per weight set
+_ROW_PLAN: dict[tuple[int, int], tuple[int, ...]] = {}
+"""Per weight shape, by row count ``r``, how ``linear`` runs ``r`` rows: ``+m`` as
+``weight @ x.T`` over the rows padded with zeros to ``m``, ``-m`` as ``F.linear`` so
+padded (``m == r``: not padded; one row as ``weight @ x.T`` is always padded to two, a
+matrix-vector product being the slower)."""
+
+_TUNED: dict[tuple, tuple[int, ...]] = {}  # the plans tune_small_rows measured, per weight set
 
 
 ROW_MAJOR_MAX_ROWS = 8
@@ -109,34 +125,44 @@ copy costs what it saves)."""
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear``, except for a few dozen rows on the CPU, where which product is faster
-    depends on the machine's BLAS. On the 2-core EPYC of earlier sessions ``F.linear``
-    cost about one full weight read *per row* for 2-4 rows (the 49,152 x 576 LM head: 10 ms
-    for 1 row, 35 ms for 3) while ``weight @ x.T`` read the weight once (6 ms for 3 rows);
-    on the Intel (AVX-512) guest of session 10, over all of SmolLM2's weights as a forward
-    reads them, ``F.linear`` is ahead at 2-3 rows (43-52 ms against 69-76) and
-    ``weight @ x.T`` from 5 to 48 (at 32 rows 78 ms against 121). So the product is the
-    one ``tune_small_rows`` measured faster for this weight's shape and row count, or,
-    for a weight shape not measured, ``weight @ x.T`` for 2 ... SKINNY_ROWS rows
-    (``scripts/cpu_small_rows.py``). A verify step has K + 1 rows per request.
+    """``F.linear``, except for a few dozen rows on the CPU, where which product is faster,
+    and over how many rows, depends on the machine's BLAS. On the 2-core EPYC of earlier
+    sessions ``F.linear`` cost about one full weight read *per row* for 2-4 rows (the
+    49,152 x 576 LM head: 10 ms for 1 row, 35 ms for 3) while ``weight @ x.T`` read the
+    weight once (6 ms for 3 rows); on the Intel (AVX-512) guest of session 10, over all
+    of SmolLM2's weights as a forward reads them, ``F.linear`` is ahead at 2-3 rows (43-52
+    ms against 69-76) and ``weight @ x.T`` from 5 to 48 (at 32 rows 78 ms against 121);
+    on this VM ``weight @ x.T`` runs 16 rows faster than 7-15 (``PAD_GAIN``). So the
+    product is the one ``tune_small_rows`` measured faster for this weight's shape and
+    row count, over the rows padded with zeros to a larger count where that measured
+    faster (each output row depends on its own input row alone, and the padding's rows
+    are dropped), or, for a weight shape not measured, ``weight @ x.T`` for 2 ...
+    SKINNY_ROWS rows (``scripts/cpu_small_rows.py``). A verify step has K + 1 rows per
+    request.
 
     One row (a decode step of one request) is a matrix-vector product, which this
     guest's BLAS runs slower than a two-row product: a forward's products over
     SmolLM2-shaped weights 60.7 ms for one row with ``F.linear``, 22.1 ms for two rows
-    as ``weight @ x.T`` and 40.2 ms for the one row doubled so
-    (``scripts/cpu_small_rows.py``). Where ``tune_small_rows`` measured it faster, one
-    row runs as itself twice through ``weight @ x.T``, keeping the first column."""
+    as ``weight @ x.T`` and 40.2 ms for the one row padded so
+    (``scripts/cpu_small_rows.py``)."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if x.device.type != "cpu" or rows == 0:
         return F.linear(x, weight, bias)
     plan = _ROW_PLAN.get(weight.shape)  # a torch.Size hashes and compares as a tuple
-    if not (2 <= rows <= SKINNY_ROWS if plan is None else rows < len(plan) and plan[rows]):
+    if plan is None:
+        target = rows if 2 <= rows <= SKINNY_ROWS else -rows
+    else:
+        target = plan[rows] if rows < len(plan) else -rows
+    if target == -rows:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, -1)
-    if rows == 1:
-        out = torch.mm(weight, torch.cat((flat, flat)).t())[:, :1].t()
+    size = abs(target)
+    if size > rows:
+        flat = torch.cat((flat, flat.new_zeros(size - rows, flat.shape[1])))
+    if target < 0:
+        out = F.linear(flat, weight)[:rows]
     else:
-        out = torch.mm(weight, flat.t()).t()
+        out = torch.mm(weight, flat.t())[:, :rows].t()
         if rows <= ROW_MAJOR_MAX_ROWS:
             out = out.contiguous()
     if bias is not None:
@@ -147,15 +173,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def tune_small_rows(
     weights: Sequence[torch.Tensor], repeats: int = 2, clock=time.perf_counter
 ) -> frozenset[int]:
-    """Measure, for each row count of ``TUNED_ROWS``, whether ``F.linear`` or
-    ``weight @ x.T`` runs the products over ``weights`` faster on this CPU, and have
-    ``linear`` take the faster for these weights' shapes; returns the counts timed that
-    were left to ``F.linear``.
+    """Measure, for each row count of ``TUNED_ROWS``, how fast ``F.linear`` and
+    ``weight @ x.T`` run the products over ``weights`` on this CPU, and have ``linear``
+    take for these weights' shapes, at each count, the faster product over that many
+    rows or, where a larger count timed ran at most ``PAD_GAIN`` of that, the fastest
+    over the rows padded to a larger count; returns the counts timed that were left to
+    ``F.linear`` over their own rows.
 
     ``weights`` are a model's, in the order a forward reads them: a sweep over all of
     them reads each from memory as a step does (a few repeated products would time them
     in cache). Each row count times both products ``repeats`` times, alternating, and
-    keeps each one's fastest sweep (about 4 s for SmolLM2-135M on a 2-core CPU). Plans are
+    keeps each one's fastest sweep (about 6 s for SmolLM2-135M on a 2-core CPU). Plans are
     kept per weight set (shapes, dtype and thread count), so a second engine on the same
     model does not measure again. CUDA weights, or none, leave everything as it is."""
     weights = [w for w in weights if w.dim() == 2 and w.device.type == "cpu"]
@@ -163,39 +191,71 @@ def tune_small_rows(
         return frozenset()
     key = (tuple(tuple(w.shape) for w in weights), weights[0].dtype, torch.get_num_threads())
     if key not in _TUNED:
-        generator = torch.Generator().manual_seed(0)
-        inputs = {
-            n: torch.randn(TUNED_ROWS[-1], n, generator=generator).to(weights[0].dtype)
-            for n in {w.shape[1] for w in weights}
-        }
-        plan = [False] * (TUNED_ROWS[-1] + 1)
-        with torch.inference_mode():
-            below = 0
-            for rows in TUNED_ROWS:
-                best = [float("inf"), float("inf")]  # F.linear, weight @ x.T
-                for _ in range(repeats):
-                    for path in (0, 1):
-                        start = clock()
-                        for w in weights:
-                            x = inputs[w.shape[1]][:rows]
-                            if path == 0:
-                                F.linear(x, w)
-                            elif rows == 1:  # as ``linear`` runs it: one row doubled
-                                torch.mm(w, torch.cat((x, x)).t())
-                            elif rows <= ROW_MAJOR_MAX_ROWS:  # as ``linear`` runs it
-                                torch.mm(w, x.t()).t().contiguous()
-                            else:
-                                torch.mm(w, x.t())
-                        best[path] = min(best[path], clock() - start)
-                plan[below + 1 : rows + 1] = [best[1] < best[0]] * (rows - below)
-                below = rows
-        _TUNED[key] = tuple(plan)
+        _TUNED[key] = _measured_plan(weights, repeats, clock)
     for w in weights:
         _ROW_PLAN[tuple(w.shape)] = _TUNED[key]
-    return frozenset(rows for rows in TUNED_ROWS if not _TUNED[key][rows])
+    return frozenset(rows for rows in TUNED_ROWS if _TUNED[key][rows] == -rows)
 
 
-def row_plan(shape: tuple[int, int]) -> tuple[bool, ...] | None:
+def _measured_plan(weights: list[torch.Tensor], repeats: int, clock) -> tuple[int, ...]:
+    generator = torch.Generator().manual_seed(0)
+    inputs = {
+        n: torch.randn(TUNED_ROWS[-1], n, generator=generator).to(weights[0].dtype)
+        for n in {w.shape[1] for w in weights}
+    }
+    # rows -> [F.linear, weight @ x.T] fastest sweep; every count once per round, so that
+    # a slow or fast spell of the machine does not fall on one count's sweeps alone.
+    best = {rows: [float("inf"), float("inf")] for rows in TUNED_ROWS}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for rows in TUNED_ROWS:
+                for path in (0, 1):
+                    start = clock()
+                    for w in weights:
+                        x = inputs[w.shape[1]][:rows]
+                        if path == 0:
+                            F.linear(x, w)
+                        elif rows == 1:  # as ``linear`` runs it: padded to two rows
+                            torch.mm(w, torch.cat((x, x)).t())
+                        elif rows <= ROW_MAJOR_MAX_ROWS:  # as ``linear`` runs it
+                            torch.mm(w, x.t()).t().contiguous()
+                        else:
+                            torch.mm(w, x.t())
+                    best[rows][path] = min(best[rows][path], clock() - start)
+    return plan_from_times(best)
+
+
+def plan_from_times(best: dict[int, list[float]]) -> tuple[int, ...]:
+    """The plan (``_ROW_PLAN``'s entries, by row count 0 ... the last of ``TUNED_ROWS``)
+    from each timed count's fastest sweep ``[F.linear, weight @ x.T]``: at each count the
+    faster product over its own rows, unless a larger count timed, a multiple of
+    ``PAD_MULTIPLE``, ran at most ``PAD_GAIN`` of that (then the fastest such count and
+    its product, padded to); a count not timed follows the next one timed (padded as it
+    is, or over its own rows)."""
+    counts = sorted(best)
+    chosen: dict[int, int] = {}
+    for i, rows in enumerate(counts):
+        own = min(best[rows])
+        target = rows if best[rows][1] < best[rows][0] else -rows
+        larger = [(min(best[m]), m) for m in counts[i + 1 :] if m % PAD_MULTIPLE == 0]
+        if larger:
+            fastest, m = min(larger)
+            if fastest <= PAD_GAIN * own:
+                target = m if best[m][1] < best[m][0] else -m
+        chosen[rows] = target
+    plan = [0] * (counts[-1] + 1)
+    below = 0
+    for rows in counts:
+        target = chosen[rows]
+        for n in range(below + 1, rows + 1):
+            plan[n] = target if abs(target) > rows else (n if target > 0 else -n)
+        below = rows
+    if plan[1] == 1:  # one row through weight @ x.T: padded to two (timed so)
+        plan[1] = 2
+    return tuple(plan)
+
+
+def row_plan(shape: tuple[int, int]) -> tuple[int, ...] | None:
     """The small-row plan ``linear`` follows for weights of ``shape`` (None: not tuned)."""
     return _ROW_PLAN.get(tuple(shape))
 
