@@ -124,6 +124,15 @@ PANELS = [
             ("s31 5ae17e9", "cpu_session31_mainjob_5ae17e9"),
             ("s32 28e8906", "cpu_session32_mainjob_28e8906"),
             ("s33 71d8e70", "cpu_session33_mainjob_71d8e70"),
+            # CPU products padded to a faster row count (d2b6de7) against the tree before
+            # (2a75966), alternating processes; then the main job on d2b6de7.
+            ("s33 2a75966", "cpu_session33_pad_ab/1_old"),
+            ("s33 d2b6de7", "cpu_session33_pad_ab/1_new"),
+            ("s33 2a75966", "cpu_session33_pad_ab/2_old"),
+            ("s33 d2b6de7", "cpu_session33_pad_ab/2_new"),
+            ("s33 2a75966", "cpu_session33_pad_ab/3_old"),
+            ("s33 d2b6de7", "cpu_session33_pad_ab/3_new"),
+            ("s33 d2b6de7", "cpu_session33_mainjob_d2b6de7"),
         ],
     ),
 ]

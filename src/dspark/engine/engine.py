@@ -174,7 +174,7 @@ class EngineConfig:
     # F.linear and weight @ x.T measured faster on this machine at start-up, over the
     # target's own weights, padded with zero rows to a larger count where that measured
     # clearly faster (the drafter's shapes that match them follow; its others keep the
-    # untuned rule) ("tune", about 6 s, once per process and model;
+    # untuned rule) ("tune", 6-9 s here, once per process and model;
     # ``dspark.models.llama.tune_small_rows``), or as weight @ x.T for 2-16 rows
     # ("transposed", the choice before session 10). Per weight shape, process-wide: the
     # last engine built on a model decides for that model's shapes.

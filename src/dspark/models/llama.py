@@ -183,7 +183,7 @@ def tune_small_rows(
     ``weights`` are a model's, in the order a forward reads them: a sweep over all of
     them reads each from memory as a step does (a few repeated products would time them
     in cache). Each row count times both products ``repeats`` times, alternating, and
-    keeps each one's fastest sweep (about 6 s for SmolLM2-135M on a 2-core CPU). Plans are
+    keeps each one's fastest sweep (6-9 s for SmolLM2-135M on this 2-core VM). Plans are
     kept per weight set (shapes, dtype and thread count), so a second engine on the same
     model does not measure again. CUDA weights, or none, leave everything as it is."""
     weights = [w for w in weights if w.dim() == 2 and w.device.type == "cpu"]

@@ -1,0 +1,13 @@
+# Session 33: the CPU products' row padding (d2b6de7) against the tree before it
+# (2a75966, `git archive 2a75966 src | tar -x -C /tmp/old33`), one dspark bench process a
+# tree, alternating, three pairs: 1 and 4 in flight, no spec, K = 3 and adaptive, two
+# repeats each. Results: docs/results/bench/cpu_session33_pad_ab/.
+cd /work/main
+for i in 1 2 3; do
+  for v in old new; do
+    src=src; [ $v = old ] && src=/tmp/old33/src
+    PYTHONPATH=$src .venv/bin/python -m dspark.cli bench --concurrency 4 1 --fixed 3 --repeats 2 \
+      --out /tmp/abpad/${i}_$v > /tmp/abpad/${i}_$v.log 2>&1
+    echo "$i $v done $(date +%T)"
+  done
+done
