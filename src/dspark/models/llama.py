@@ -96,14 +96,14 @@ PAD_GAIN = 0.9
 PAD_MULTIPLE = 4
 """``tune_small_rows`` pads a row count's products to a larger count timed, a multiple of
 ``PAD_MULTIPLE``, where that one measured at most ``PAD_GAIN`` of the count's own best
-time: the BLAS of this 2-core VM runs some counts slower than larger ones (``weight @
-x.T`` over SmolLM2's weights, ``scripts/cpu_small_rows.py``: 49.3 ms at 3 rows against
-39.4 at 4; 82.5-131.2 ms at 7-15 rows against 74.5 at 16), so a verify step that checks
-an in-between number of tokens, as adaptive verification's do, paid more than one
-checking more. The targets are SIMD-friendly widths and the gain asked is wide because a
-count is timed over two sweeps on a machine whose speed wanders: with any target and a
-5% gain, one tuning padded 5 rows to 6 on a lucky sweep of 6 (41.5 against 45.8 ms),
-which then ran 1.30x slower than 5 unpadded (``scripts/cpu_padded_rows_ab.py``)."""
+time: the BLAS of this 2-core VM runs some counts slower than larger ones (a forward's
+products over SmolLM2's weights, never padded, ``scripts/cpu_padded_rows_ab.py``: 59.4 ms
+at 3 rows against 52.1 at 4; 82.7-117.3 ms at 8-15 rows against 73.2 at 16), so a verify
+step that checks an in-between number of tokens, as adaptive verification's do, paid
+more than one checking more. The targets are SIMD-friendly widths and the gain asked is
+wide because a count is timed over two sweeps on a machine whose speed wanders: with any
+target and a 5% gain, one tuning padded 5 rows to 6 on a lucky sweep of 6 (41.5 against
+45.8 ms), which then ran 1.30x slower than 5 unpadded (``scripts/cpu_padded_rows_ab.py``)."""
 
 _ROW_PLAN: dict[tuple[int, int], tuple[int, ...]] = {}
 """Per weight shape, by row count ``r``, how ``linear`` runs ``r`` rows: ``+m`` as
