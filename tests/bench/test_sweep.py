@@ -240,6 +240,36 @@ def test_graph_capture_time_is_left_out_of_tok_s(tiny, monkeypatch):
     assert result.graph_captures == 2 and result.capture_steps == 2
 
 
+def test_covered_steps_and_their_padding_count_the_measured_run_only(tiny, monkeypatch):
+    """Steps that replayed a larger graph, and the padding tokens that added, are counted
+    while measuring, not in the warm-up."""
+    import dspark.bench.sweep as sweep
+
+    engine = LLMEngine(tiny, EngineConfig(max_num_seqs=2, cuda_graphs="on"))
+    assert engine.graphs is not None
+    real_loop, real_forward = sweep.closed_loop, engine.forward
+    loops, measured = [0], [0]
+
+    def counted_loop(*args):
+        loops[0] += 1
+        return real_loop(*args)
+
+    def forward(*args, **kwargs):  # every forward "is covered" by a graph 16 tokens larger
+        engine.graphs.num_covered += 1
+        engine.graphs.covered_tokens += 16
+        measured[0] += loops[0] == 2
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "closed_loop", counted_loop)
+    monkeypatch.setattr(engine, "forward", forward)
+    prompts = [[5, 6, 7, i] for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    result = measure(engine, Setting("none", 0), prompts, params, 2)
+    assert loops[0] == 2 and measured[0] > 0
+    assert result.covered_steps == measured[0]
+    assert result.covered_tokens == 16 * measured[0]
+
+
 def test_a_full_warmup_runs_as_many_tokens_as_the_measured_run(tiny, monkeypatch):
     import dspark.bench.sweep as sweep
 

@@ -154,6 +154,7 @@ class Measurement:
     # Target steps that replayed a larger captured shape than their own while measuring
     # (``dspark.engine.graphs.CaptureLedger``): they cost what that shape costs.
     covered_steps: int = 0
+    covered_tokens: int = 0  # the padding tokens those covers added (a cover's size less its own)
     tok_s_wall: float = 0.0  # generated tokens over the whole wall time, captures included
     undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
     gate_vetoes: int = 0  # adaptive: of those, the throughput gate's (the model drafted)
@@ -285,6 +286,7 @@ def measure(
     engine.stats.__init__()
     captures, capture_s = engine.num_captures(), engine.capture_seconds()
     covered = engine.graphs.num_covered if engine.graphs is not None else 0
+    padding = engine.graphs.covered_tokens if engine.graphs is not None else 0
     pauses = CollectorPauses()
     probe_before = host_probe_ms()
     with frozen_heap() if freeze_gc else nullcontext(), pauses.watching():
@@ -293,6 +295,7 @@ def measure(
     capture_s = engine.capture_seconds() - capture_s
     if engine.graphs is not None:
         covered = engine.graphs.num_covered - covered
+        padding = engine.graphs.covered_tokens - padding
     stats = engine.stats
     steady_s = seconds - capture_s
     failed = [r for r in finished if r.error]
@@ -326,6 +329,7 @@ def measure(
         capture_s=capture_s,
         capture_steps=stats.capture_steps,
         covered_steps=covered,
+        covered_tokens=padding,
         tok_s_wall=tokens / seconds,
         undrafted_steps=stats.undrafted_steps,
         gate_vetoes=stats.gate_vetoes,
@@ -598,6 +602,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "capture_s",
         "capture_steps",
         "covered_steps",
+        "covered_tokens",
         "tok_s_wall",
         "undrafted_steps",
         "gate_vetoes",
