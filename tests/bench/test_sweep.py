@@ -470,6 +470,7 @@ def test_bad_variants_fail_before_any_run():
 
     for argv, named in [
         (["--variant", "m:depth_margin=1.5"], "--variant m: depth_margin must be in"),
+        (["--variant", "d:draft_margin=-0.1"], "--variant d: draft_margin must be in"),
         (["--variant", "a:depth_margin=0.1", "--variant", "a:depth_margin=0.2"], "must differ"),
         (["--variant", "a:depth_margin=0.1", "--no-adaptive"], "--no-adaptive"),
         # Since session 27 a word, not a switch: "on" names no mode.

@@ -457,6 +457,18 @@ def _brute_depth_rates(survival, depth_ms, verify) -> np.ndarray:
     return np.array(rates)
 
 
+def _decided_with_margin(data, name: str, largest: float):
+    """A random depth case decided without, then with a drawn margin ``name`` (an
+    ``AdaptiveVerifier`` attribute) of at most ``largest``: (depth without, depth with,
+    the margin, the brute-force rates)."""
+    verifier, args, survival, depth_ms, verify = _random_depth_case(data)
+    plain = verifier.drafting_pays(*args)
+    margin = data.draw(st.floats(0.0, largest))
+    setattr(verifier, name, margin)
+    chosen = verifier.drafting_pays(*args)
+    return plain, chosen, margin, _brute_depth_rates(survival, depth_ms, verify)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_drafting_depth_is_the_best_depth_and_budget_by_brute_force(data):
@@ -491,13 +503,7 @@ def test_a_depth_margin_keeps_the_shallowest_depth_near_the_best():
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_a_depth_margin_picks_the_shallowest_near_best_depth_that_beats_no_drafter(data):
-    verifier, args, survival, depth_ms, verify = _random_depth_case(data)
-    plain = verifier.drafting_pays(*args)
-    margin = data.draw(st.floats(0.0, 0.5))
-    verifier.depth_margin = margin
-    chosen = verifier.drafting_pays(*args)
-
-    rates = _brute_depth_rates(survival, depth_ms, verify)
+    plain, chosen, margin, rates = _decided_with_margin(data, "depth_margin", 0.5)
     tol = 1e-9
     if plain == 0:
         assert chosen == 0  # the margin never makes a step draft
@@ -509,6 +515,40 @@ def test_a_depth_margin_picks_the_shallowest_near_best_depth_that_beats_no_draft
     for depth in range(1, chosen):
         near = rates[depth] >= rates[plain] * (1 - margin) * (1 + tol)
         assert not (near and rates[depth] > rates[0] * (1 + tol))
+
+
+def test_a_draft_margin_leaves_a_small_promised_gain_undrafted():
+    args = (np.array([0]), np.array([3]), np.array([1]), 1)
+    # Survival 0.9, 0.81, 0.729; a 7 ms drafter at every depth; verifying T tokens
+    # 10 + 0.5 T ms: depth 1 1.9 / 18 = 0.10556, depth 2 2.71 / 18.5 = 0.14649, depth 3
+    # 3.439 / 19 = 0.18100 tok/ms; no drafter 1 / 10.5 = 0.095238. Depth 3 promises
+    # 1.9005x not drafting, depth 2 1.5381x, depth 1 1.1083x.
+    verifier = _depth_verifier([0, 7, 7, 7], [0.9] * 3, 0.5)
+    assert verifier.drafting_pays(*args) == 3
+    verifier.draft_margin = 0.89  # 1.9005x clears 1.89x
+    assert verifier.drafting_pays(*args) == 3
+    verifier.draft_margin = 0.91  # it does not clear 1.91x: no drafter
+    assert verifier.drafting_pays(*args) == 0
+    assert verifier.probe_depth == 3  # a probe would still draft the best plan's depth
+    # The depth margin's shallower depths must clear the bar too: within 45% of depth 3
+    # (0.09955) are depths 1 and 2, and of them only depth 2 clears 1.2x.
+    verifier.draft_margin, verifier.depth_margin = 0.20, 0.45
+    assert verifier.drafting_pays(*args) == 2
+    verifier.draft_margin = 0.0  # without the bar, the shallowest near depth
+    assert verifier.drafting_pays(*args) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_draft_margin_drafts_only_what_clears_it(data):
+    plain, chosen, margin, rates = _decided_with_margin(data, "draft_margin", 0.9)
+    bar, tol = rates[0] * (1 + margin), 1e-9
+    if chosen == 0:
+        # Either nothing paid at all, or the best plan did not clear the bar.
+        assert plain == 0 or rates[1:].max() <= bar * (1 + tol)
+    else:
+        assert chosen == plain  # a margin never changes which depth drafts
+        assert rates[chosen] > bar * (1 - tol)
 
 
 def test_probe_depth_is_the_best_drafted_plan_even_when_not_drafting_wins():

@@ -170,6 +170,9 @@ class EngineConfig:
     # this share of the best depth's (and beats not drafting) is chosen
     # (``AdaptiveVerifier.depth_margin``; 0: the best promise wins).
     depth_margin: float = 0.0
+    # Adaptive: drafting must promise more than this share above the tokens per ms of not
+    # drafting (``AdaptiveVerifier.draft_margin``; 0: any promised gain drafts).
+    draft_margin: float = 0.0
     # CPU: products of 1-64 rows (a verify step's K + 1 per request) run as whichever of
     # F.linear and weight @ x.T measured faster on this machine at start-up, over the
     # target's own weights, padded with zero rows to a larger count where that measured
@@ -215,6 +218,8 @@ class EngineConfig:
             )
         if not 0.0 <= self.depth_margin < 1.0:
             raise ValueError(f"depth_margin must be in [0, 1), got {self.depth_margin}")
+        if not 0.0 <= self.draft_margin < 1.0:
+            raise ValueError(f"draft_margin must be in [0, 1), got {self.draft_margin}")
         if self.profile_fit not in ("max", "isotonic"):
             raise ValueError(f"profile_fit must be 'max' or 'isotonic', got {self.profile_fit!r}")
         if self.overhead_fit not in ("line", "depth"):
@@ -502,6 +507,7 @@ class LLMEngine:
                 max_total_logits=config.max_num_seqs * (config.num_drafts + 1),
             )
             self.verifier.depth_margin = config.depth_margin
+            self.verifier.draft_margin = config.draft_margin
             # Only this package's model takes the forward's time (``ObservedDraftCost``).
             self._normalise_speed = isinstance(cost_model, ObservedDraftCost) and (
                 config.normalise_speed == "on"

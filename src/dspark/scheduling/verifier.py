@@ -168,6 +168,13 @@ class AdaptiveVerifier:
         # ``drafting_pays``: the shallowest drafted depth whose rate is within this share
         # of the best depth's (and beats not drafting) is chosen (0: the best rate wins).
         self.depth_margin = 0.0
+        # ``drafting_pays``: drafting must promise more than this share above the tokens per
+        # ms of not drafting (0: any gain drafts). Its figures are estimates (confidences,
+        # a profile, learnt overheads), and where drafting barely pays they can be wrong
+        # either way; the costs are not even: wrongly drafted, a step pays for the drafter
+        # and the verified drafts, while wrongly not drafted it forgoes a gain the margin
+        # bounds. The shallower depths ``depth_margin`` considers must clear it too.
+        self.draft_margin = 0.0
         # Decayed sums over verified draft slots, per position: the survival the drafter
         # gave them, and how many survived (``record_outcomes``); their ratio corrects
         # the survival every plan prices.
@@ -514,13 +521,14 @@ class AdaptiveVerifier:
             draft_ms,
         )
         best = int(rates[1:].argmax()) + 1  # the first maximum: ties go shallower
+        bar = rates[0] * (1.0 + self.draft_margin)  # what a drafted plan must beat
         if self.depth_margin and best > 1 and np.isfinite(rates[best]):
             shallower = rates[1:best]
-            near = (shallower >= rates[best] * (1.0 - self.depth_margin)) & (shallower > rates[0])
+            near = (shallower >= rates[best] * (1.0 - self.depth_margin)) & (shallower > bar)
             if near.any():
                 best = int(near.argmax()) + 1
         self.probe_depth = best if np.isfinite(rates[best]) else 0
-        return best if rates[best] > rates[0] else 0
+        return best if rates[best] > bar else 0
 
     def predicted_survival(self, slots: np.ndarray) -> np.ndarray:
         """``[num_reqs, K]`` survival that ``drafting_pays`` expects of the slots' coming
