@@ -49,6 +49,11 @@ PANELS = [
             ("s33 cea5631", "h200/session33/b8_c4_x2"),
             ("s33 cea5631", "h200/session33/b8_c16_x3"),
             ("s33 cea5631", "h200/session33/b8_c256_x2"),
+            # Session 34 (a8c9cc1 and the bench's covered_tokens): 16 twice, with the
+            # overhead slope memory (sm) and capture-every-shape (g0) variants beside.
+            ("s34 a8c9cc1", "h200/session34/b8_c16v"),
+            ("s34 a8c9cc1", "h200/session34/b8_c16x6"),
+            ("s34 a8c9cc1", "h200/session34/b8_c16m5"),
         ],
     ),
     (
@@ -84,6 +89,12 @@ PANELS = [
             ("s32 4617c0b k4", "h200/session32/k4c16", "adaptive≤4"),
             # The gate's windows as running sums (76a874d): 128 steps against 16 at one.
             ("s32 76a874d", "h200/session32/gate1b"),
+            # Session 34 (a8c9cc1): every level, a depth margin of 0.05 (m5) beside.
+            ("s34 a8c9cc1", "h200/session34/smollm2_c1"),
+            ("s34 a8c9cc1", "h200/session34/smollm2_c16"),
+            ("s34 a8c9cc1", "h200/session34/smollm2_c16b"),
+            ("s34 a8c9cc1", "h200/session34/smollm2_c64"),
+            ("s34 a8c9cc1", "h200/session34/smollm2_c256"),
         ],
     ),
     (
@@ -133,6 +144,10 @@ PANELS = [
             ("s33 2a75966", "cpu_session33_pad_ab/3_old"),
             ("s33 d2b6de7", "cpu_session33_pad_ab/3_new"),
             ("s33 d2b6de7", "cpu_session33_mainjob_d2b6de7"),
+            # Session 34 (a8c9cc1 and draft_margin, off): 1 and 4, K = 3 and no spec
+            # beside, draft_margin=0.1 as a variant. (Its runs at 4 without a fixed K,
+            # cpu_session34_c4*, cpu_session34_dm4, are against no spec alone.)
+            ("s34 552e1df", "cpu_session34_dm1"),
         ],
     ),
 ]
