@@ -148,6 +148,7 @@ PANELS = [
             # beside, draft_margin=0.1 as a variant. (Its runs at 4 without a fixed K,
             # cpu_session34_c4*, cpu_session34_dm4, are against no spec alone.)
             ("s34 552e1df", "cpu_session34_dm1"),
+            ("s34 eb132c9", "cpu_session34_mainjob_eb132c9"),
         ],
     ),
 ]
