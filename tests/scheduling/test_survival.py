@@ -82,7 +82,7 @@ def test_ranking_choice_is_measured_once_per_size_class_and_can_be_pinned():
     assert calls == {"sort": [], "bins": []} and wins == {}
     # The first batch of a class measures both ways on the class's middle size...
     assert not sorting_is_faster(wins, 3000, slow_sort, quick_bins)
-    rounds = survival_module._CALIBRATION_ROUNDS
+    rounds = survival_module._CALIBRATION_WARMUP + survival_module._CALIBRATION_ROUNDS
     assert len(calls["sort"]) == len(calls["bins"]) == rounds
     assert 2048 <= calls["sort"][0] < 4096 and set(calls["sort"]) == set(calls["bins"])
     # ...and every later batch of the class reuses the answer; another class measures.
