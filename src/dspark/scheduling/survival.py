@@ -190,11 +190,14 @@ def sorting_is_faster(
 
     Warm, and by the median: a step runs either way thousands of times, warm. Cold, the
     one sort routine pays less for its first calls than binning's dozen array calls, and
-    the fastest of a few tries favours the way whose times spread more (sorting: its
-    merges follow the data). The budget's first calibration, by the minimum of five cold
-    tries, picked sorting at 1,540 slots in 8 of 10 fresh processes on this 2-core CPU,
-    where warm, over 64 batches, binning took 23-35 µs a budget at 256 requests against
-    35-53 sorting (session 34, four kinds of confidences, binning faster for each).
+    the fastest of a few tries favours the way whose times spread more. Ten calibrations
+    in a row in one process, each the minimum of five tries over uniform(0.5, 1)
+    confidences, picked sorting at 1,540 slots eight times, where warm, over 64 batches
+    at 256 requests, binning took 23-35 µs a budget against 35-53 sorting (four kinds of
+    confidences on this 2-core CPU, session 34): uniform(0.5, 1) products put the two ways
+    within a few µs of each other, wider confidences such as real drafters' do not. In
+    ten fresh processes the old calibration picked partitioning for the allocation's
+    threshold at 1,792 slots three times, this one in none.
     """
     if RANKING != "measured":
         return RANKING == "sort"
