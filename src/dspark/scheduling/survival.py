@@ -25,6 +25,7 @@ first batch of that class (``sorting_is_faster``). Both ways give the same answe
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from collections.abc import Callable
 
@@ -190,14 +191,14 @@ def sorting_is_faster(
 
     Warm, and by the median: a step runs either way thousands of times, warm. Cold, the
     one sort routine pays less for its first calls than binning's dozen array calls, and
-    the fastest of a few tries favours the way whose times spread more. Ten calibrations
-    in a row in one process, each the minimum of five tries over uniform(0.5, 1)
-    confidences, picked sorting at 1,540 slots eight times, where warm, over 64 batches
-    at 256 requests, binning took 23-35 µs a budget against 35-53 sorting (four kinds of
-    confidences on this 2-core CPU, session 34): uniform(0.5, 1) products put the two ways
-    within a few µs of each other, wider confidences such as real drafters' do not. In
-    ten fresh processes the old calibration picked partitioning for the allocation's
-    threshold at 1,792 slots three times, this one in none.
+    the fastest of a few tries favours the way whose times spread more. Warm, over 64
+    batches at 256 requests on this 2-core CPU, binning took 21-26 µs a budget search
+    against 34-38 sorting for six kinds of confidences; in ten fresh processes the old
+    calibration (the fastest of five cold tries over uniform(0.5, 1) confidences) sorted
+    for the budget once and partitioned for the allocation's threshold three times, this
+    one never (``scripts/ranking_calibration.py``, session 34). Called again in the same
+    process, a calibration meets the same scores (its seed is the size class), which
+    sorting then runs faster: repeated so, either rule picks sorting about half the time.
     """
     if RANKING != "measured":
         return RANKING == "sort"
@@ -226,10 +227,4 @@ def _sorting_measured_faster(size_class: int, by_sorting, by_binning) -> bool:
             way(scores, rank)
             if round_ >= _CALIBRATION_WARMUP:
                 taken.append(time.perf_counter_ns() - start)
-    return _median(times[by_sorting]) <= _median(times[by_binning])
-
-
-def _median(values: list[int]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return (ordered[middle] + ordered[~middle]) / 2
+    return statistics.median(times[by_sorting]) <= statistics.median(times[by_binning])
