@@ -384,3 +384,100 @@ def test_a_capture_runs_with_the_cycle_collector_off(monkeypatch):
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class _NoEvent:  # what the staging copy's CUDA event needs to do on the CPU: nothing
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+def _capturing_engine(tiny, monkeypatch, seeded: list[StepShape], **config):
+    """An adaptive engine whose target runner behaves as a capturing one on the CPU: the
+    ledger chooses covers, a "capture" adds the shape to the captured set, and the body
+    runs where a graph would replay. ``seeded`` shapes start out captured."""
+    from dspark.engine.engine import EngineConfig, LLMEngine
+
+    monkeypatch.setattr(torch.cuda, "Event", _NoEvent)
+    engine = LLMEngine(
+        tiny,
+        EngineConfig(spec="adaptive", cuda_graphs="on", throughput_gate=False, **config),
+        cost_model=RandomCost(3),
+    )
+    runner = engine.graphs
+    runner.capture = True
+
+    def fake_graph(shape):
+        if shape not in runner.graphs:
+            runner.ledger.forget_covers()
+            runner.graphs[shape] = None
+        return runner.body(*runner._inputs(shape))
+
+    runner._graph = fake_graph
+    for shape in seeded:
+        runner.graphs[shape] = None
+    engine._fills_padding = engine.config.fill_padding
+    return engine
+
+
+@pytest.mark.parametrize("fill", [True, False])
+def test_a_cut_budget_fills_the_padding_of_the_graph_it_replays(tiny, monkeypatch, fill):
+    """With ``fill_padding`` a step whose budget cut drafts verifies as many as the graph
+    it replays holds: its tokens are that graph's (or it admits every draft), and the
+    greedy output is still plain greedy's. Without it the same engine leaves cut drafts
+    out of padding it computes anyway."""
+    prompts = repetitive_prompts(6)
+    plain, _ = run(tiny, prompts)
+    # Wide graphs the ledger can cover smaller steps with (a huge waste budget: covers
+    # are never captured over), and key spans for every step of these prompts.
+    seeded = [StepShape(t, r, 128) for t in (16, 32, 48, 64) for r in (8, 16)]
+    engine = _capturing_engine(
+        tiny, monkeypatch, seeded, num_drafts=6, fill_padding=fill, graph_padding_budget=1e9
+    )
+    runner = engine.graphs
+    proposed, replayed = {}, {}
+    admit, choose = engine._admit_adaptively, runner.ledger.choose
+
+    def spy_admit(batch, drafts, proposal):
+        total = sum(len(d) for d in drafts)
+        admit(batch, drafts, proposal)
+        proposed[engine._step_index] = (total, sum(len(d) for d in drafts), batch.num_tokens)
+
+    def spy_choose(shape, captured):
+        chosen = choose(shape, captured)
+        replayed[engine._step_index] = chosen.num_tokens
+        return chosen
+
+    engine._admit_adaptively = spy_admit
+    runner.ledger.choose = spy_choose
+    requests = [engine.add_request(p, GREEDY) for p in prompts]
+    with torch.inference_mode():
+        while engine.has_unfinished():
+            engine.step()
+    outputs = [r.output_ids for r in requests]
+    assert outputs == [o.token_ids for o in plain]
+    cut = {
+        step: (total, admitted, tokens)
+        for step, (total, admitted, tokens) in proposed.items()
+        if admitted < total and step in replayed
+    }
+    left = [step for step, (_, kept, tokens) in cut.items() if tokens + kept < replayed[step]]
+    if fill:
+        assert engine.stats.filled_steps > 0 and engine.stats.filled_drafts > 0
+        assert cut and not left  # every cut step runs its graph full
+    else:
+        assert engine.stats.filled_steps == 0
+        assert left  # cut drafts left out of padding the graph computed anyway
+
+
+def test_the_ledgers_peek_spends_nothing_and_agrees_with_choose():
+    ledger = CaptureLedger(row_padding_waste, budget=1.0)
+    captured = {96: None, 128: None}
+    assert ledger.peek(96, captured) == 96
+    assert ledger.peek(64, captured) == 96 and ledger.spent == {}
+    assert ledger.peek(64, captured) == ledger.choose(64, captured) == 96  # spends 0.5
+    assert ledger.peek(64, captured) == 64  # the next cover would reach the budget
+    assert ledger.choose(64, captured) == 64
+    assert ledger.peek(300, captured) == 300  # nothing holds it

@@ -155,6 +155,10 @@ class Measurement:
     # (``dspark.engine.graphs.CaptureLedger``): they cost what that shape costs.
     covered_steps: int = 0
     covered_tokens: int = 0  # the padding tokens those covers added (a cover's size less its own)
+    # Adaptive: steps whose budget rose into the padding of the graph they replayed, and
+    # the drafts that added (``EngineConfig.fill_padding``).
+    filled_steps: int = 0
+    filled_drafts: int = 0
     tok_s_wall: float = 0.0  # generated tokens over the whole wall time, captures included
     undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
     gate_vetoes: int = 0  # adaptive: of those, the throughput gate's (the model drafted)
@@ -330,6 +334,8 @@ def measure(
         capture_steps=stats.capture_steps,
         covered_steps=covered,
         covered_tokens=padding,
+        filled_steps=stats.filled_steps,
+        filled_drafts=stats.filled_drafts,
         tok_s_wall=tokens / seconds,
         undrafted_steps=stats.undrafted_steps,
         gate_vetoes=stats.gate_vetoes,
@@ -603,6 +609,8 @@ def summarise(measurements: list[Measurement]) -> dict:
         "capture_steps",
         "covered_steps",
         "covered_tokens",
+        "filled_steps",
+        "filled_drafts",
         "tok_s_wall",
         "undrafted_steps",
         "gate_vetoes",
@@ -644,7 +652,7 @@ def report(
     header = (
         f"{'conc':>4} {'setting':>16} {'tok/s':>9} {'user tok/s':>10} {'TPOT p50':>9} "
         f"{'TPOT p99':>9} {'accept':>6} {'verify':>6} {'step':>8} {'sched%':>6} {'capt':>9} "
-        f"{'cover':>5}"
+        f"{'cover':>5} {'fill':>4}"
     )
     print(header)
     for row in rows:
@@ -654,7 +662,8 @@ def report(
             f"{row['tpot_p99_ms']:>8.1f}ms {row['acceptance_length']:>6.2f} "
             f"{row['verified_per_round']:>6.2f} {row['step_ms']:>6.1f}ms "
             f"{100 * row['schedule_share']:>6.2f} {row['capture_steps']:>3.0f}/"
-            f"{row['capture_s']:>4.2f}s {row['covered_steps']:>5.0f}"
+            f"{row['capture_s']:>4.2f}s {row['covered_steps']:>5.0f} "
+            f"{row.get('filled_steps', 0):>4.0f}"
         )
     verdicts = compare(rows)
     for line in verdicts:

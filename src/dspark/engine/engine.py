@@ -86,6 +86,11 @@ class EngineConfig:
     # CAPTURE_AFTER_WASTE). "auto" is off by default: for the 8B shape at 256 requests on
     # an H200 it measured as the fixed budget (session 26, docs/bench/h200_8b.md).
     graph_padding_budget: float | str = CAPTURE_AFTER_WASTE
+    # Adaptive, CUDA graphs: raise a step's budget to verify as many drafts as the
+    # graph it replays holds (the captured size its tokens pad to, or a larger captured
+    # shape covering its own), since the device computes that padding anyway
+    # (``LLMEngine._filled_budget``).
+    fill_padding: bool = True
     # Adaptive: also decide whether to draft at all from measured tokens per ms of
     # drafted and undrafted steps (``dspark.scheduling.gate``), on top of the cost model.
     throughput_gate: bool = True
@@ -261,6 +266,10 @@ class EngineStats:
     probes: int = 0  # adaptive: drafted steps the cost model declined (``should_probe``)
     # Adaptive: drafted steps whose budget verified fewer drafts than were proposed.
     budget_cuts: int = 0
+    # Steps whose budget was raised into the padding of the graph they replay, and the
+    # drafts that added (``EngineConfig.fill_padding``).
+    filled_steps: int = 0
+    filled_drafts: int = 0
     # Adaptive: decided steps by drafting depth (0: undrafted).
     depth_steps: Counter[int] = field(default_factory=Counter)
     # Adaptive: drafting decisions taken ahead, during the previous step's forward, and
@@ -324,6 +333,7 @@ class _Batch:
     decode_list: list[int] = field(default_factory=list)
     num_tokens: int = 0  # non_draft summed
     host_ms: float = 0.0  # time spent building this
+    chunks: list = field(default_factory=list)  # the scheduled chunks, batch order
 
 
 class LLMEngine:
@@ -473,6 +483,10 @@ class LLMEngine:
         # "auto": the target's budget follows its captures' and forwards' measured times.
         self._timed_padding = timed and self.graphs is not None and self.graphs.capture
         self._forward_ema_ms: float | None = None
+        # Padding is computed only where a graph replays it: not on the CPU's padded steps.
+        self._fills_padding = (
+            config.fill_padding and self.graphs is not None and self.graphs.capture
+        )
         self.allocate_on_device = config.allocation == "device"
         self._normalise_speed = False  # adaptive: ``EngineConfig.normalise_speed``
         if config.spec is SpecMode.ADAPTIVE:
@@ -952,6 +966,7 @@ class LLMEngine:
             slot_list=slots,
             decode_list=decode_index,
             num_tokens=sum(non_draft),
+            chunks=chunks,
         )
         batch.host_ms = (time.perf_counter() - start) * 1e3
         return batch
@@ -1182,6 +1197,8 @@ class LLMEngine:
                 self._unrecorded = round_
             else:
                 self.verifier.record(*round_)
+        if budget < total and self._fills_padding:
+            budget = self._filled_budget(batch, counts, budget, total)
         self.stats.budgets.append(budget)
         if budget < total:  # else every draft is admitted: nothing to cut
             self.stats.budget_cuts += 1
@@ -1202,6 +1219,40 @@ class LLMEngine:
             for i, count in zip(decoding, admitted, strict=True):
                 del drafts[i][count:]
         self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3)
+
+    def _filled_budget(self, batch: _Batch, counts: list[int], budget: int, total: int) -> int:
+        """``EngineConfig.fill_padding``: the budget raised to verify as many drafts as the
+        CUDA graph the step will replay has room for. A step's tokens pad to a captured
+        size, or to a larger captured shape while the ledger covers its own
+        (``CaptureLedger``); the device computes those padding tokens anyway, so drafts
+        put there cost the step nothing more (but their logits rows and acceptance).
+
+        The graph is looked up for the step's tokens with the budget, its pieces, and
+        every request's key span with all its drafts (an upper bound of the span the
+        allocation leaves), so the filled step fits that graph whichever drafts the
+        allocation admits. Nothing here reads this round's confidences: the raised budget
+        is as lossless as the planned one (the allocation still ranks by fresh survival,
+        and top-b sets nest, so every draft the plan admitted stays admitted)."""
+        runner = self.graphs
+        plen = runner.piece_len
+        if 1 + max(counts) > plen:  # a decode's drafts would spill into a second piece
+            return budget
+        pieces = longest = 0
+        for chunk in batch.chunks:
+            pieces += -(-chunk.num_tokens // plen)
+            end = chunk.request.num_computed + chunk.num_tokens
+            if end > longest:
+                longest = end
+        shape = runner.padded_shape(batch.num_tokens + budget, pieces, longest + max(counts))
+        if shape is None:  # runs eagerly: padding is not computed
+            return budget
+        room = runner.replayed_shape(shape).num_tokens - batch.num_tokens
+        filled = min(total, room)
+        if filled <= budget:
+            return budget
+        self.stats.filled_steps += 1
+        self.stats.filled_drafts += filled - budget
+        return filled
 
     def _apply(
         self,

@@ -187,6 +187,18 @@ class CaptureLedger:
         self.spent[shape] = spent
         return cover
 
+    def peek(self, shape, captured) -> object:
+        """What ``choose`` would return now, spending nothing (the cover found is cached)."""
+        if shape in captured:
+            return shape
+        found = self._covers.get(shape)
+        if found is None:
+            found = self._covers[shape] = self._best_cover(shape, captured)
+        cover, waste = found
+        if waste is None or self.spent.get(shape, 0.0) + waste >= self.budget:
+            return shape
+        return cover
+
     def forget_covers(self) -> None:
         """The captured set changed: look covers up again."""
         self._covers.clear()
@@ -320,9 +332,13 @@ class PaddedStepRunner:
     def shape_for(self, num_cached: np.ndarray, num_query: np.ndarray) -> StepShape | None:
         """The padded shape of a step, or None when it is larger than any captured one."""
         pieces = int((-(-num_query // self.piece_len)).sum())
-        t = round_up(self.token_sizes, int(num_query.sum()))
-        r = round_up(self.piece_sizes, pieces)
-        length = round_up(self.len_sizes, int((num_cached + num_query).max()))
+        return self.padded_shape(int(num_query.sum()), pieces, int((num_cached + num_query).max()))
+
+    def padded_shape(self, num_tokens: int, num_pieces: int, longest: int) -> StepShape | None:
+        """``shape_for`` from a step's token count, piece count and longest key span."""
+        t = round_up(self.token_sizes, num_tokens)
+        r = round_up(self.piece_sizes, num_pieces)
+        length = round_up(self.len_sizes, longest)
         if t is None or r is None or length is None:
             return None
         if r * length > self.max_key_rows:
@@ -331,6 +347,13 @@ class PaddedStepRunner:
             # attention reads such a chunk once.
             return None
         return StepShape(t, r, length)
+
+    def replayed_shape(self, shape: StepShape) -> StepShape:
+        """The shape ``run`` would replay now for a step of ``shape``: a larger captured
+        one while the ledger covers it, else ``shape`` itself. Changes nothing."""
+        if not self.capture or self.exact_shapes:
+            return shape
+        return self.ledger.peek(shape, self.graphs)
 
     def stage(
         self,
