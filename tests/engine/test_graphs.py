@@ -394,7 +394,7 @@ class _NoEvent:  # what the staging copy's CUDA event needs to do on the CPU: no
         pass
 
 
-def _capturing_engine(tiny, monkeypatch, seeded: list[StepShape], **config):
+def _capturing_engine(tiny, monkeypatch, seeded: list[StepShape], drafter=None, **config):
     """An adaptive engine whose target runner behaves as a capturing one on the CPU: the
     ledger chooses covers, a "capture" adds the shape to the captured set, and the body
     runs where a graph would replay. ``seeded`` shapes start out captured."""
@@ -405,6 +405,7 @@ def _capturing_engine(tiny, monkeypatch, seeded: list[StepShape], **config):
         tiny,
         EngineConfig(spec="adaptive", cuda_graphs="on", throughput_gate=False, **config),
         cost_model=RandomCost(3),
+        drafter=drafter,
     )
     runner = engine.graphs
     runner.capture = True
@@ -481,3 +482,81 @@ def test_the_ledgers_peek_spends_nothing_and_agrees_with_choose():
     assert ledger.peek(64, captured) == 64  # the next cover would reach the budget
     assert ledger.choose(64, captured) == 64
     assert ledger.peek(300, captured) == 300  # nothing holds it
+    # charge spends what choose spends for the cover peek found, so the shape is still
+    # captured after as many (filled) covered steps as unfilled ones.
+    charged = CaptureLedger(row_padding_waste, budget=1.0)
+    assert charged.peek(64, captured) == 96
+    charged.charge(64, captured)
+    assert charged.spent == {64: 0.5}
+    assert charged.peek(64, captured) == 64 == charged.choose(64, captured)
+
+
+def test_a_filled_cover_still_gets_its_own_shape_captured(tiny, monkeypatch):
+    """A step that fills a cover charges the ledger for its own shape: after as many
+    filled covers as unfilled ones would take, ``fill_shape`` offers the own shape
+    alone and the next step of it is captured (its covers would be never charged
+    otherwise: each filled step runs the cover's own, captured shape)."""
+    monkeypatch.setattr(torch.cuda, "Event", _NoEvent)
+    cache = PagedKVCache(tiny.config, 64, 4, torch.float32)
+
+    def body(ids_t, positions_t, batch):
+        return tiny.model(ids_t, positions_t, batch, cache.layers)[0]
+
+    runner = PaddedStepRunner(body, cache, 64, 64, 64, capture=False)
+    runner.capture = True
+    runner.ledger.budget = 1.0
+
+    def fake_graph(shape):  # capture: the shape joins the captured set
+        if shape not in runner.graphs:
+            runner.ledger.forget_covers()
+            runner.graphs[shape] = None
+        return body(*runner._inputs(shape))
+
+    runner._graph = fake_graph
+    own, cover = StepShape(8, 2, 64), StepShape(16, 2, 64)  # waste 8 / 16 = 0.5
+    runner.graphs[cover] = None
+    assert [runner.fill_shape(own) for _ in range(3)] == [cover, own, own]
+    assert runner.ledger.spent == {own: 0.5}  # the second cover would have reached 1.0
+    tables = []
+    for _ in range(2):
+        table = BlockTable()
+        assert cache.reserve(table, 12)
+        tables.append(table)
+    with torch.inference_mode():  # the step of its own shape, unfilled: captured now
+        runner.run(tables, np.array([3, 5]), np.array([4, 2]), np.arange(10, 16))
+    assert own in runner.graphs and runner.num_covered == 0
+    assert runner.fill_shape(own) == own and runner.ledger.spent == {}
+    runner.capture = False  # no graphs (the CPU): nothing to fill
+    assert runner.fill_shape(StepShape(4, 2, 64)) == StepShape(4, 2, 64)
+
+
+def test_filled_steps_charge_their_own_shapes_and_stay_lossless(tmp_path, monkeypatch):
+    """In the engine, with a DSpark drafter drafting every step: steps fill covers and
+    charge their own shapes, and greedy output is plain greedy's."""
+    from dspark.engine.drafter import DSparkDrafter
+    from tests.models.test_drafter import random_drafter
+
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    drafter = DSparkDrafter(random_drafter(target, block_size=5), 16384, 16)
+    prompts = repetitive_prompts(6)
+    plain, _ = run(target, prompts)
+    # Covers for steps of 8 and 16 tokens (6 requests drafting up to 4 each).
+    seeded = [StepShape(t, r, 128) for t in (16, 32) for r in (4, 8)]
+    engine = _capturing_engine(
+        target, monkeypatch, seeded, drafter, num_drafts=4, graph_padding_budget=2.5
+    )
+    runner = engine.graphs
+    charged = []
+    charge = runner.ledger.charge
+
+    def spy(shape, captured):
+        charged.append(shape)
+        charge(shape, captured)
+
+    runner.ledger.charge = spy
+    requests = [engine.add_request(p, GREEDY) for p in prompts]
+    with torch.inference_mode():
+        while engine.has_unfinished():
+            engine.step()
+    assert [r.output_ids for r in requests] == [o.token_ids for o in plain]
+    assert engine.stats.filled_steps > 0 and charged

@@ -1225,7 +1225,9 @@ class LLMEngine:
         CUDA graph the step will replay has room for. A step's tokens pad to a captured
         size, or to a larger captured shape while the ledger covers its own
         (``CaptureLedger``); the device computes those padding tokens anyway, so drafts
-        put there cost the step nothing more (but their logits rows and acceptance).
+        put there cost the step nothing more (but their logits rows and acceptance). A
+        covered step still charges the ledger for its own shape (``fill_shape``), which
+        is captured when those charges add up, as it would be unfilled.
 
         The graph is looked up for the step's tokens with the budget, its pieces, and
         every request's key span with all its drafts (an upper bound of the span the
@@ -1246,7 +1248,7 @@ class LLMEngine:
         shape = runner.padded_shape(batch.num_tokens + budget, pieces, longest + max(counts))
         if shape is None:  # runs eagerly: padding is not computed
             return budget
-        room = runner.replayed_shape(shape).num_tokens - batch.num_tokens
+        room = runner.fill_shape(shape).num_tokens - batch.num_tokens
         filled = min(total, room)
         if filled <= budget:
             return budget

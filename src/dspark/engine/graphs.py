@@ -199,6 +199,14 @@ class CaptureLedger:
             return shape
         return cover
 
+    def charge(self, shape, captured) -> None:
+        """Spend what covering ``shape`` wastes, as ``choose`` does when it returns the
+        cover ``peek`` found: for a step that fills that cover's padding with work of its
+        own, so that ``shape`` is still captured after as many such steps as it would be
+        covered for (and runs its own, smaller graph from then on)."""
+        _, waste = self._covers[shape]
+        self.spent[shape] = self.spent.get(shape, 0.0) + waste
+
     def forget_covers(self) -> None:
         """The captured set changed: look covers up again."""
         self._covers.clear()
@@ -348,12 +356,18 @@ class PaddedStepRunner:
             return None
         return StepShape(t, r, length)
 
-    def replayed_shape(self, shape: StepShape) -> StepShape:
-        """The shape ``run`` would replay now for a step of ``shape``: a larger captured
-        one while the ledger covers it, else ``shape`` itself. Changes nothing."""
+    def fill_shape(self, shape: StepShape) -> StepShape:
+        """The graph a step of ``shape`` may fill up to: ``shape`` itself, or the larger
+        captured shape the ledger covers it with now. In the second case the ledger is
+        charged as if the step had been covered (``CaptureLedger.charge``): the step is
+        then made to fill the cover, but ``shape`` still gets captured when its covers
+        add up, as it would unfilled."""
         if not self.capture or self.exact_shapes:
             return shape
-        return self.ledger.peek(shape, self.graphs)
+        cover = self.ledger.peek(shape, self.graphs)
+        if cover != shape:
+            self.ledger.charge(shape, self.graphs)
+        return cover
 
     def stage(
         self,
