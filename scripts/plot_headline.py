@@ -54,6 +54,15 @@ PANELS = [
             ("s34 a8c9cc1", "h200/session34/b8_c16v"),
             ("s34 a8c9cc1", "h200/session34/b8_c16x6"),
             ("s34 a8c9cc1", "h200/session34/b8_c16m5"),
+            # Session 35: fill_padding on by default, unfilled as the variant "nf" beside;
+            # 40afd90 filled without charging the ledger for the own shape, 1ca6591 with.
+            ("s35 40afd90", "h200/session35/b8_c16_nocharge"),
+            ("s35 40afd90", "h200/session35/b8_c64_nocharge"),
+            ("s35 1ca6591", "h200/session35/b8_c4"),
+            ("s35 1ca6591", "h200/session35/b8_c16"),
+            ("s35 1ca6591", "h200/session35/b8_c16b"),
+            ("s35 1ca6591", "h200/session35/b8_c64"),
+            ("s35 1ca6591", "h200/session35/b8_c256"),
         ],
     ),
     (
@@ -95,6 +104,9 @@ PANELS = [
             ("s34 a8c9cc1", "h200/session34/smollm2_c16b"),
             ("s34 a8c9cc1", "h200/session34/smollm2_c64"),
             ("s34 a8c9cc1", "h200/session34/smollm2_c256"),
+            ("s35 40afd90", "h200/session35/smollm2_c256_nocharge"),
+            ("s35 1ca6591", "h200/session35/smollm2_c1"),
+            ("s35 1ca6591", "h200/session35/smollm2_c256"),
         ],
     ),
     (
@@ -211,14 +223,14 @@ def bench_rows(path: Path) -> list[dict]:
     ]
 
 
-# The 8B shape's levels on the current code (session 33; 64: session 28's run, session
-# 33's JSON did not come back from the GPU machine).
+# The 8B shape's levels on the current code (session 35, 1ca6591: fill_padding on; 1:
+# session 33's run, cea5631, not run again since).
 SWEEP_8B = [
     "h200/session33/b8_c1_x4",
-    "h200/session33/b8_c4_x2",
-    "h200/session33/b8_c16_x3",
-    "h200/session28/b8_c64_x2",
-    "h200/session33/b8_c256_x2",
+    "h200/session35/b8_c4",
+    "h200/session35/b8_c16",
+    "h200/session35/b8_c64",
+    "h200/session35/b8_c256",
 ]
 
 
@@ -243,7 +255,7 @@ def plot_merged_sweep(folders: list[str], out: Path, title: str) -> None:
 def main() -> None:
     plot_merged_sweep(
         SWEEP_8B,
-        RESULTS / "h200" / "session33" / "b8_levels.png",
+        RESULTS / "h200" / "session35" / "b8_levels.png",
         "H200, Llama-3-8B shape, acceptance REPLAYED; fixed Ks as run at each level",
     )
     import matplotlib
