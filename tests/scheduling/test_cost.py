@@ -508,3 +508,55 @@ def test_steps_are_compared_at_one_context_when_key_rows_are_priced():
         rows.record_step(4, 4, 8, 2, 30.0, key_rows=-1)
     with pytest.raises(ValueError, match="key_row_ms"):
         ObservedDraftCost(tables, key_row_ms=float("nan"))
+
+
+def test_a_noisy_slope_shrinks_by_its_standard_error():
+    """``_shrunk_slope`` by hand: medians 1.0 and 1.5 at depths 6 and 7 (slope 0.5); every
+    step 0 or 0.2 from its depth's median, so the noise is 1.4826 * 0.2 and each median's
+    error 1.2533 * noise / sqrt(3): the slope's error is sqrt(2) times that."""
+    import math
+
+    from dspark.scheduling.cost import _line_through, _shrunk_slope
+
+    window = {6: [1.0, 1.2, 0.8], 7: [1.5, 1.7, 1.3]}
+    se = 1.2533 * 1.4826 * 0.2 * math.sqrt(2.0 / 3.0)
+    assert 0.30 < se < 0.31
+    assert _shrunk_slope(0.5, window) == pytest.approx(0.5 - se)
+    intercept, slope = _line_through(window, shrink=True)
+    assert slope == pytest.approx(0.5 - se)
+    assert intercept == pytest.approx(((1.0 - 6 * slope) + (1.5 - 7 * slope)) / 2)
+    assert _line_through(window) == pytest.approx((-2.0, 0.5))  # unshrunk: as before
+    assert _shrunk_slope(0.2, window) == 0.0  # within one error of 0: flat
+    # Noise-free steps, or none to read the noise from: the slope stands.
+    assert _shrunk_slope(0.5, {6: [1.0, 1.0], 7: [1.5, 1.5]}) == pytest.approx(0.5)
+    assert _shrunk_slope(0.5, {6: [1.0], 7: [1.5]}) == 0.5
+    # The error is read between the two most measured depths (here 4 and 6, two apart).
+    more = {4: [8.8, 9.0, 9.2, 9.0], 6: [1.0, 1.2, 0.8], 7: [1.5, 1.7, 1.3]}
+    se_more = 1.2533 * 1.4826 * 0.2 * math.sqrt(1 / 4 + 1 / 3) / 2
+    assert _shrunk_slope(0.5, more) == pytest.approx(0.5 - se_more)
+
+
+def test_with_slope_noise_two_equally_costly_depths_price_closer():
+    """Drafted steps 6 and 7 deep that miss their price by the same noisy amount: the
+    line's slope, clamped at 0, prices depth 7 above depth 6 on average; less its
+    standard error, by a fraction of that (and never more)."""
+    from dspark.scheduling import build_depth_costs
+    from dspark.scheduling.cost import ObservedDraftCost
+
+    tables = build_cost_tables([(1, 3.0), (16, 3.0)], [(1, 11.0), (128, 138.0)], 16, 128, 1)
+    depth = build_depth_costs({1: [(1, 1.0), (16, 1.0)], 7: [(1, 7.0), (16, 7.0)]}, 7, 16)
+    gaps = {False: [], True: []}
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        misses = rng.normal(2.0, 0.5, 16)
+        for shrink in (False, True):
+            cost = ObservedDraftCost(tables, depth_ms=depth, slope_noise=shrink)
+            for i, miss in enumerate(misses):
+                d = 6 + i % 2
+                price = tables.verify_ms[16 + 16 * d] + depth[d, 16]  # what it is priced
+                cost.record_step(16, 16, 16 * d, d, price + miss)
+            gaps[shrink].append(cost.overhead_ms(16, 7) - cost.overhead_ms(16, 6))
+    plain, shrunk = np.array(gaps[False]), np.array(gaps[True])
+    assert (shrunk <= plain + 1e-12).all() and (shrunk >= 0).all()
+    assert plain.mean() > 0.1  # the clamp's bias: about 0.4 * the slope's error
+    assert shrunk.mean() < 0.4 * plain.mean()

@@ -149,6 +149,17 @@ class EngineConfig:
     # ``slope_memory``). Off by default: no consistent gain on the H200 (session 31,
     # docs/bench/h200_smollm2.md).
     overhead_slope_memory: bool = False
+    # Adaptive, ObservedDraftCost: each learnt overhead line's slope in the drafting depth
+    # less its standard error, read from the window's own spread (``cost._shrunk_slope``).
+    # The line keeps no negative slope, so noise alone prices equally costly deeper
+    # depths higher. Built in session 35: the 8B shape's H200 profile at 16 requests
+    # with noisy synthetic step times, in eight seeds 7 deep went from 73-89 steps to
+    # 82-102 and 6 deep from 15-26 to 1-9, as with the prices known
+    # (``scripts/priced_decisions.py --learn --model slope_noise=on``,
+    # docs/results/sim/slope_noise_c16_session35.txt). Those prices make K = 6 1.024x
+    # K = 7, and there it made 0.993x the tokens a priced ms (mean of the eight); on the
+    # H200 K = 7 ran 1.024x K = 6 (session 34). Not A/B'd on a GPU yet: off.
+    overhead_slope_noise: bool = False
     # Adaptive: read each step's measured time at the recent steps' mean context before
     # the cost model learns from it, by what the start-up profile measured a key row of
     # attention to cost (``ObservedDraftCost`` ``key_row_ms``), so that the context's
@@ -502,6 +513,7 @@ class LLMEngine:
                     overhead_fit=config.overhead_fit,
                     key_row_ms=profile.key_row_ms if config.context_rows else 0.0,
                     slope_memory=config.overhead_slope_memory,
+                    slope_noise=config.overhead_slope_noise,
                 )
             self.gate = (
                 ThroughputGate(
