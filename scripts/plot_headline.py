@@ -161,6 +161,7 @@ PANELS = [
             # cpu_session34_c4*, cpu_session34_dm4, are against no spec alone.)
             ("s34 552e1df", "cpu_session34_dm1"),
             ("s34 eb132c9", "cpu_session34_mainjob_eb132c9"),
+            ("s35 7c38399", "cpu_session35_mainjob_7c38399"),
         ],
     ),
 ]
