@@ -83,6 +83,7 @@ def test_ranking_choice_is_measured_once_per_size_class_and_can_be_pinned():
     # The first batch of a class measures both ways on the class's middle size...
     assert not sorting_is_faster(wins, 3000, slow_sort, quick_bins)
     rounds = survival_module._CALIBRATION_WARMUP + survival_module._CALIBRATION_ROUNDS
+    rounds *= survival_module._CALIBRATION_BLOCK  # each way a few calls in a row a round
     assert len(calls["sort"]) == len(calls["bins"]) == rounds
     assert 2048 <= calls["sort"][0] < 4096 and set(calls["sort"]) == set(calls["bins"])
     # ...and every later batch of the class reuses the answer; another class measures.
@@ -95,3 +96,26 @@ def test_ranking_choice_is_measured_once_per_size_class_and_can_be_pinned():
         assert not sorting_is_faster(wins, 1, quick_bins, slow_sort)
         patch.setattr(survival_module, "RANKING", "sort")
         assert sorting_is_faster(wins, 4000, slow_sort, quick_bins)
+
+
+def test_sorting_must_win_by_the_margin(monkeypatch):
+    """With a clock that each call advances by a fixed time: sorting 5% faster than
+    binning is not enough (a tie in a slow phase of a VM), 20% faster is; each way's
+    calls are timed in blocks, all but each block's first."""
+    clock = {"now": 0}
+    monkeypatch.setattr(survival_module.time, "perf_counter_ns", lambda: clock["now"])
+    timed = []
+
+    def way(cost_ns):
+        def call(scores, rank):
+            clock["now"] += cost_ns
+            timed.append(cost_ns)
+
+        return call
+
+    block = survival_module._CALIBRATION_BLOCK
+    assert 0.85 < survival_module._SORT_MARGIN < 0.95
+    assert not survival_module._sorting_measured_faster(11, way(95_000), way(100_000))
+    assert survival_module._sorting_measured_faster(11, way(80_000), way(100_000))
+    rounds = survival_module._CALIBRATION_WARMUP + survival_module._CALIBRATION_ROUNDS
+    assert len(timed) == 2 * 2 * rounds * block
