@@ -241,8 +241,8 @@ def _sorting_measured_faster(size_class: int, by_sorting, by_binning) -> bool:
         # found the other's code and data evicted, which slowed binning's two dozen
         # array calls more than the one sort (this CPU, session 35: binning 52-76 µs a
         # search in the calibration against about 25 in the benchmark, so the 256-request
-        # class sorted in about one fresh process in three). The ways take turns going
-        # first.
+        # class sorted in six of eight ``bench-scheduler`` runs). The ways take turns
+        # going first.
         order = (by_sorting, by_binning) if round_ % 2 == 0 else (by_binning, by_sorting)
         for way in order:
             way(batch[0], rank)
