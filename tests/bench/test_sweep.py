@@ -242,7 +242,7 @@ def test_graph_capture_time_is_left_out_of_tok_s(tiny, monkeypatch):
 
 def test_covered_steps_and_their_padding_count_the_measured_run_only(tiny, monkeypatch):
     """Steps that replayed a larger graph, and the padding tokens that added, are counted
-    while measuring, not in the warm-up."""
+    while measuring, not in the warm-up; so are steps that filled padding with drafts."""
     import dspark.bench.sweep as sweep
 
     engine = LLMEngine(tiny, EngineConfig(max_num_seqs=2, cuda_graphs="on"))
@@ -257,6 +257,8 @@ def test_covered_steps_and_their_padding_count_the_measured_run_only(tiny, monke
     def forward(*args, **kwargs):  # every forward "is covered" by a graph 16 tokens larger
         engine.graphs.num_covered += 1
         engine.graphs.covered_tokens += 16
+        engine.stats.filled_steps += 1  # and fills 3 drafts into padding (fill_padding)
+        engine.stats.filled_drafts += 3
         measured[0] += loops[0] == 2
         return real_forward(*args, **kwargs)
 
@@ -268,6 +270,9 @@ def test_covered_steps_and_their_padding_count_the_measured_run_only(tiny, monke
     assert loops[0] == 2 and measured[0] > 0
     assert result.covered_steps == measured[0]
     assert result.covered_tokens == 16 * measured[0]
+    assert (result.filled_steps, result.filled_drafts) == (measured[0], 3 * measured[0])
+    summary = sweep.summarise([result])
+    assert (summary["filled_steps"], summary["filled_drafts"]) == (measured[0], 3 * measured[0])
 
 
 def test_a_full_warmup_runs_as_many_tokens_as_the_measured_run(tiny, monkeypatch):
