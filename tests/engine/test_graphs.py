@@ -308,32 +308,54 @@ def test_an_auto_padding_budget_is_set_by_the_engines_steps(tiny):
     assert runner.ledger.budget == pytest.approx(min(CAPTURE_AFTER_WASTE, 5.0 / average))
 
 
-def test_steps_replaying_a_cover_are_counted_with_their_padding(tiny, monkeypatch):
-    """A capturing runner (its capture faked on the CPU: the body runs where a graph would
-    replay) counts the steps the ledger sends to a larger captured shape, and the tokens
-    that pads; a step whose own shape is captured is not counted."""
+class _NoEvent:  # what the staging copy's CUDA event needs to do on the CPU: nothing
+    def record(self):
+        pass
 
-    class NoEvent:  # what the staging copy's CUDA event needs to do here: nothing
-        def record(self):
-            pass
+    def synchronize(self):
+        pass
 
-        def synchronize(self):
-            pass
 
-    monkeypatch.setattr(torch.cuda, "Event", NoEvent)
+def _fake_capture(runner):
+    """``runner`` made to behave as a capturing one on the CPU: a "capture" adds the
+    shape to the captured set (the ledger looks covers up again), and the body runs where
+    a graph would replay."""
+    runner.capture = True
+
+    def fake_graph(shape):
+        if shape not in runner.graphs:
+            runner.ledger.forget_covers()
+            runner.graphs[shape] = None
+        return runner.body(*runner._inputs(shape))
+
+    runner._graph = fake_graph
+    return runner
+
+
+def _faked_capturing_runner(tiny, monkeypatch):
+    """A runner that behaves as a capturing one on the CPU: a "capture" adds the shape to
+    the captured set and the body runs where a graph would replay. Returns the runner
+    and two block tables of 12 rows."""
+    monkeypatch.setattr(torch.cuda, "Event", _NoEvent)
     cache = PagedKVCache(tiny.config, 64, 4, torch.float32)
 
     def body(ids_t, positions_t, batch):
         return tiny.model(ids_t, positions_t, batch, cache.layers)[0]
 
-    runner = PaddedStepRunner(body, cache, 64, 64, 64, capture=False)
-    runner.capture = True
-    runner._graph = lambda shape: body(*runner._inputs(shape))
+    runner = _fake_capture(PaddedStepRunner(body, cache, 64, 64, 64, capture=False))
     tables = []
     for _ in range(2):
         table = BlockTable()
         assert cache.reserve(table, 12)
         tables.append(table)
+    return runner, tables
+
+
+def test_steps_replaying_a_cover_are_counted_with_their_padding(tiny, monkeypatch):
+    """A capturing runner (its capture faked on the CPU: the body runs where a graph would
+    replay) counts the steps the ledger sends to a larger captured shape, and the tokens
+    that pads; a step whose own shape is captured is not counted."""
+    runner, tables = _faked_capturing_runner(tiny, monkeypatch)
     num_cached, num_query = np.array([3, 5]), np.array([4, 2])  # 6 tokens, 2 pieces: (8, 2, 64)
     own = runner.shape_for(num_cached, num_query)
     assert own == StepShape(8, 2, 64)
@@ -386,14 +408,6 @@ def test_a_capture_runs_with_the_cycle_collector_off(monkeypatch):
         gc.enable()
 
 
-class _NoEvent:  # what the staging copy's CUDA event needs to do on the CPU: nothing
-    def record(self):
-        pass
-
-    def synchronize(self):
-        pass
-
-
 def _capturing_engine(tiny, monkeypatch, seeded: list[StepShape], drafter=None, **config):
     """An adaptive engine whose target runner behaves as a capturing one on the CPU: the
     ledger chooses covers, a "capture" adds the shape to the captured set, and the body
@@ -407,16 +421,7 @@ def _capturing_engine(tiny, monkeypatch, seeded: list[StepShape], drafter=None, 
         cost_model=RandomCost(3),
         drafter=drafter,
     )
-    runner = engine.graphs
-    runner.capture = True
-
-    def fake_graph(shape):
-        if shape not in runner.graphs:
-            runner.ledger.forget_covers()
-            runner.graphs[shape] = None
-        return runner.body(*runner._inputs(shape))
-
-    runner._graph = fake_graph
+    runner = _fake_capture(engine.graphs)
     for shape in seeded:
         runner.graphs[shape] = None
     engine._fills_padding = engine.config.fill_padding
@@ -496,32 +501,12 @@ def test_a_filled_cover_still_gets_its_own_shape_captured(tiny, monkeypatch):
     filled covers as unfilled ones would take, ``fill_shape`` offers the own shape
     alone and the next step of it is captured (its covers would be never charged
     otherwise: each filled step runs the cover's own, captured shape)."""
-    monkeypatch.setattr(torch.cuda, "Event", _NoEvent)
-    cache = PagedKVCache(tiny.config, 64, 4, torch.float32)
-
-    def body(ids_t, positions_t, batch):
-        return tiny.model(ids_t, positions_t, batch, cache.layers)[0]
-
-    runner = PaddedStepRunner(body, cache, 64, 64, 64, capture=False)
-    runner.capture = True
+    runner, tables = _faked_capturing_runner(tiny, monkeypatch)
     runner.ledger.budget = 1.0
-
-    def fake_graph(shape):  # capture: the shape joins the captured set
-        if shape not in runner.graphs:
-            runner.ledger.forget_covers()
-            runner.graphs[shape] = None
-        return body(*runner._inputs(shape))
-
-    runner._graph = fake_graph
     own, cover = StepShape(8, 2, 64), StepShape(16, 2, 64)  # waste 8 / 16 = 0.5
     runner.graphs[cover] = None
     assert [runner.fill_shape(own) for _ in range(3)] == [cover, own, own]
     assert runner.ledger.spent == {own: 0.5}  # the second cover would have reached 1.0
-    tables = []
-    for _ in range(2):
-        table = BlockTable()
-        assert cache.reserve(table, 12)
-        tables.append(table)
     with torch.inference_mode():  # the step of its own shape, unfilled: captured now
         runner.run(tables, np.array([3, 5]), np.array([4, 2]), np.arange(10, 16))
     assert own in runner.graphs and runner.num_covered == 0

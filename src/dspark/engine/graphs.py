@@ -172,29 +172,18 @@ class CaptureLedger:
 
     def choose(self, shape, captured) -> object:
         """The shape to run: ``shape`` itself (captured, or to capture now) or a cover."""
-        if shape in captured:
-            return shape
-        found = self._covers.get(shape)
-        if found is None:
-            found = self._covers[shape] = self._best_cover(shape, captured)
-        cover, waste = found
-        if waste is None:
-            return shape
-        spent = self.spent.get(shape, 0.0) + waste
-        if spent >= self.budget:
-            self.spent.pop(shape, None)
-            return shape
-        self.spent[shape] = spent
+        cover = self.peek(shape, captured)
+        if cover == shape:
+            self.spent.pop(shape, None)  # captured now, or no cover holds it
+        else:
+            self.charge(shape, captured)
         return cover
 
     def peek(self, shape, captured) -> object:
         """What ``choose`` would return now, spending nothing (the cover found is cached)."""
         if shape in captured:
             return shape
-        found = self._covers.get(shape)
-        if found is None:
-            found = self._covers[shape] = self._best_cover(shape, captured)
-        cover, waste = found
+        cover, waste = self._cover_of(shape, captured)
         if waste is None or self.spent.get(shape, 0.0) + waste >= self.budget:
             return shape
         return cover
@@ -204,8 +193,16 @@ class CaptureLedger:
         cover ``peek`` found: for a step that fills that cover's padding with work of its
         own, so that ``shape`` is still captured after as many such steps as it would be
         covered for (and runs its own, smaller graph from then on)."""
-        _, waste = self._covers[shape]
+        _, waste = self._cover_of(shape, captured)
         self.spent[shape] = self.spent.get(shape, 0.0) + waste
+
+    def _cover_of(self, shape, captured) -> tuple[object, float | None]:
+        """The least padded cover of ``shape`` and its waste, looked up once per captured
+        set."""
+        found = self._covers.get(shape)
+        if found is None:
+            found = self._covers[shape] = self._best_cover(shape, captured)
+        return found
 
     def forget_covers(self) -> None:
         """The captured set changed: look covers up again."""
