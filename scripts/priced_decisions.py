@@ -20,7 +20,9 @@ same prompts and the same replayed rounds.
 from step times made of the same prices plus the overheads and a wandering host: Gaussian
 noise of ``--sigma`` ms a step, and stretches of ``--slow-steps`` steps that run
 ``--slow-ms`` slower half the time (the H200 machines' hosts switch between two speeds,
-``host_probe_ms``); ``--model`` passes its options (``slope_memory=on``). Session 34, the
+``host_probe_ms``); ``--model`` changes its options from the engine's defaults
+(``slope_memory=on``; ``slope_noise=off``, on in the engine since session 36, reproduces
+session 35's plain runs). Session 34, the
 8B shape's H200 profile at 16 requests: with known overheads adaptive drafted 7 deep in
 123 of 124 decided steps and made 1.024x K = 7's tokens per priced ms; learning from noisy
 steps it drafted 5-6 deep in about a third of them, as on the H200
@@ -36,6 +38,7 @@ import numpy as np
 import torch
 from depth_decisions import FrozenCost, config_field, frozen_engine  # this directory
 
+from dspark.engine.engine import EngineConfig
 from dspark.engine.profiling import EngineProfile
 from dspark.engine.replay import AcceptanceTrace
 from dspark.engine.sampling import SamplingParams
@@ -66,9 +69,13 @@ class SyntheticWalls(ObservedDraftCost):
     slower half the time (the H200 machines' hosts switch between two speeds)."""
 
     def __init__(self, profile, args, rng):
-        super().__init__(
-            profile.tables, depth_ms=profile.depth_costs(), num_positions=7, **args.model
-        )
+        engine = EngineConfig()  # the engine's own defaults, then --model's changes
+        options = {
+            "slope_memory": engine.overhead_slope_memory,
+            "slope_noise": engine.overhead_slope_noise,
+            **args.model,
+        }
+        super().__init__(profile.tables, depth_ms=profile.depth_costs(), num_positions=7, **options)
         self.args, self.rng, self.steps, self.slow = args, rng, 0, False
 
     def record(self, num_reqs, drafting_ms, depth=None):

@@ -629,6 +629,22 @@ def test_the_cost_model_learns_step_times_at_the_profiles_speed_on_the_cpu(
         EngineConfig(normalise_speed="sometimes")
 
 
+@pytest.mark.parametrize("noise", [None, False])
+def test_the_learnt_slopes_are_shrunk_by_their_noise_unless_switched_off(tiny, noise, tmp_path):
+    """``overhead_slope_noise`` is on by default (session 36's A/Bs) and reaches the cost
+    model the engine builds; switched off, the slopes are learnt as the plain line."""
+    options = {} if noise is None else {"overhead_slope_noise": noise}
+    _, engine = run(
+        tiny,
+        repetitive_prompts(2),
+        spec="adaptive",
+        num_drafts=3,
+        profile_path=str(tmp_path / "profile.json"),
+        **options,
+    )
+    assert engine.verifier.cost_model.slope_noise is (noise is None)
+
+
 @pytest.mark.parametrize("lookahead", ["off", "on"])
 def test_steps_that_replayed_a_larger_graph_are_learnt_with_their_padding(
     tiny, lookahead, tmp_path, monkeypatch

@@ -152,14 +152,15 @@ class EngineConfig:
     # Adaptive, ObservedDraftCost: each learnt overhead line's slope in the drafting depth
     # less its standard error, read from the window's own spread (``cost._shrunk_slope``).
     # The line keeps no negative slope, so noise alone prices equally costly deeper
-    # depths higher. Built in session 35: the 8B shape's H200 profile at 16 requests
-    # with noisy synthetic step times, in eight seeds 7 deep went from 73-89 steps to
-    # 82-102 and 6 deep from 15-26 to 1-9, as with the prices known
-    # (``scripts/priced_decisions.py --learn --model slope_noise=on``,
-    # docs/results/sim/slope_noise_c16_session35.txt). Those prices make K = 6 1.024x
-    # K = 7, and there it made 0.993x the tokens a priced ms (mean of the eight); on the
-    # H200 K = 7 ran 1.024x K = 6 (session 34). Not A/B'd on a GPU yet: off.
-    overhead_slope_noise: bool = False
+    # depths higher. In simulation (the 8B shape's H200 profile at 16 requests, noisy
+    # synthetic step times, eight seeds) it moved most 6-deep steps to 7 deep, as the
+    # prices known decide (docs/results/sim/slope_noise_c16_session35.txt). On by
+    # default since session 36's in-run A/Bs on the H200 (``--variant
+    # sn:overhead_slope_noise=on``, docs/results/bench/h200/session36/): the 8B shape ran
+    # 1.014x and 1.020x plain adaptive at 16 requests, 1.032x at 64 and 0.988x, 1.003x
+    # and 1.000x at 1, 4 and 256; SmolLM2 0.995x at 16 and 0.985x at 1; this CPU's main
+    # job 1.029x at 1 and 0.953x at 4 (paired medians in the README).
+    overhead_slope_noise: bool = True
     # Adaptive: read each step's measured time at the recent steps' mean context before
     # the cost model learns from it, by what the start-up profile measured a key row of
     # attention to cost (``ObservedDraftCost`` ``key_row_ms``), so that the context's

@@ -296,7 +296,8 @@ class ObservedDraftCost:
         # Drafted buckets' last slope measured through two depths or more (class doc,
         # ``slope_memory``).
         self.slope_memory = slope_memory
-        # Each drafted line's slope less its standard error (``_shrunk_slope``).
+        # Each drafted line's slope less its standard error (``_shrunk_slope``); off here,
+        # on in the engine by default (``EngineConfig.overhead_slope_noise``).
         self.slope_noise = slope_noise
         self._slopes: dict[tuple[int, bool], float] = {}
         # overhead_fit "depth": drafted buckets' own median at each depth the window
