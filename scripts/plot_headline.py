@@ -63,6 +63,15 @@ PANELS = [
             ("s35 1ca6591", "h200/session35/b8_c16b"),
             ("s35 1ca6591", "h200/session35/b8_c64"),
             ("s35 1ca6591", "h200/session35/b8_c256"),
+            # Session 36 (78810c0): overhead_slope_noise, the default since, as the "sn"
+            # variant; b8_c1la's plain adaptive (then the default) beside the look-ahead off.
+            ("s36 78810c0", "h200/session36/b8_c1la"),
+            ("s36 +sn", "h200/session36/b8_c1sn", "adaptive≤7 sn"),
+            ("s36 +sn", "h200/session36/b8_c4sn", "adaptive≤7 sn"),
+            ("s36 +sn", "h200/session36/b8_c16sn", "adaptive≤7 sn"),
+            ("s36 +sn", "h200/session36/b8_c16sn2", "adaptive≤7 sn"),
+            ("s36 +sn", "h200/session36/b8_c64sn", "adaptive≤7 sn"),
+            ("s36 +sn", "h200/session36/b8_c256sn", "adaptive≤7 sn"),
         ],
     ),
     (
@@ -107,6 +116,11 @@ PANELS = [
             ("s35 40afd90", "h200/session35/smollm2_c256_nocharge"),
             ("s35 1ca6591", "h200/session35/smollm2_c1"),
             ("s35 1ca6591", "h200/session35/smollm2_c256"),
+            ("s36 +sn", "h200/session36/smollm2_s1sn", "adaptive≤7 sn"),
+            ("s36 +sn", "h200/session36/smollm2_s16sn", "adaptive≤7 sn"),
+            # The look-ahead off beside plain adaptive (overhead_slope_noise then off).
+            ("s36 78810c0", "h200/session36/smollm2_s1la"),
+            ("s36 78810c0", "h200/session36/smollm2_s16la"),
         ],
     ),
     (
@@ -162,6 +176,7 @@ PANELS = [
             ("s34 552e1df", "cpu_session34_dm1"),
             ("s34 eb132c9", "cpu_session34_mainjob_eb132c9"),
             ("s35 7c38399", "cpu_session35_mainjob_7c38399"),
+            ("s36 +sn", "cpu_sn_session36", "adaptive≤7 sn"),
         ],
     ),
 ]
@@ -224,23 +239,32 @@ def bench_rows(path: Path) -> list[dict]:
     ]
 
 
-# The 8B shape's levels on the current code (session 35, 1ca6591: fill_padding on; 1:
-# session 33's run, cea5631, not run again since).
+# The 8B shape's levels on the current code (session 36: 78810c0 with
+# overhead_slope_noise on, the default since, run as the "sn" variant): (folder, the row
+# of adaptive at the defaults), drawn as "adaptive≤7" with the run's other adaptive rows
+# left out.
 SWEEP_8B = [
-    "h200/session33/b8_c1_x4",
-    "h200/session35/b8_c4",
-    "h200/session35/b8_c16",
-    "h200/session35/b8_c64",
-    "h200/session35/b8_c256",
+    ("h200/session36/b8_c1sn", "adaptive≤7 sn"),
+    ("h200/session36/b8_c4sn", "adaptive≤7 sn"),
+    ("h200/session36/b8_c16sn", "adaptive≤7 sn"),
+    ("h200/session36/b8_c64sn", "adaptive≤7 sn"),
+    ("h200/session36/b8_c256sn", "adaptive≤7 sn"),
 ]
 
 
-def plot_merged_sweep(folders: list[str], out: Path, title: str) -> None:
+def plot_merged_sweep(folders: list[tuple[str, str]], out: Path, title: str) -> None:
     """One ``dspark bench`` plot (throughput vs load, vs per-user speed) of several runs'
-    rows; each level comes from one run, with the fixed Ks that run compared."""
+    rows; each level comes from one run, with the fixed Ks that run compared, and its
+    adaptive row at the defaults."""
     from dspark.bench.sweep import plot
 
-    rows = [r for f in folders for r in bench_rows(RESULTS / f)]
+    rows = []
+    for folder, default in folders:
+        for r in bench_rows(RESULTS / folder):
+            if r["label"] == default:
+                rows.append({**r, "label": "adaptive≤7"})
+            elif not r["label"].startswith("adaptive"):
+                rows.append(r)
     # A setting not run at a level gets a gap there, not a line drawn across it.
     levels = sorted({r["concurrency"] for r in rows})
     for label in {r["label"] for r in rows}:
@@ -256,7 +280,7 @@ def plot_merged_sweep(folders: list[str], out: Path, title: str) -> None:
 def main() -> None:
     plot_merged_sweep(
         SWEEP_8B,
-        RESULTS / "h200" / "session35" / "b8_levels.png",
+        RESULTS / "h200" / "session36" / "b8_levels.png",
         "H200, Llama-3-8B shape, acceptance REPLAYED; fixed Ks as run at each level",
     )
     import matplotlib
