@@ -177,6 +177,7 @@ PANELS = [
             ("s34 eb132c9", "cpu_session34_mainjob_eb132c9"),
             ("s35 7c38399", "cpu_session35_mainjob_7c38399"),
             ("s36 +sn", "cpu_sn_session36", "adaptive≤7 sn"),
+            ("s36 0d3a245", "cpu_session36_mainjob_0d3a245"),
         ],
     ),
 ]
