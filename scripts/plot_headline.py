@@ -178,6 +178,8 @@ PANELS = [
             ("s35 7c38399", "cpu_session35_mainjob_7c38399"),
             ("s36 +sn", "cpu_sn_session36", "adaptive≤7 sn"),
             ("s36 0d3a245", "cpu_session36_mainjob_0d3a245"),
+            # Default adaptive beside profile_fit=isotonic, K = 1, 3.
+            ("s36 17eb461", "cpu_iso_session36"),
         ],
     ),
 ]

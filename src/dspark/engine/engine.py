@@ -135,8 +135,10 @@ class EngineConfig:
     # closest non-decreasing curve in least squares
     # (``dspark.scheduling.profiling.monotone_curve``). Where a step's time barely grows
     # with its tokens (a small model replaying graphs), the running maximum can carry one
-    # slow median to every larger size and price a rise that is there flat. Not A/B'd
-    # end to end (session 29: on the H200's SmolLM2 profiles the two differ by <= 0.14 ms).
+    # slow median to every larger size and price a rise that is there flat. On the H200's
+    # SmolLM2 profiles the two differ by <= 0.14 ms (session 29); on this 2-core CPU
+    # isotonic ran 0.923x and 0.878x plain adaptive at 1 and 4 requests (paired 0.929 and
+    # 1.022; session 36, docs/results/bench/cpu_iso_session36). Not A/B'd on a GPU.
     profile_fit: str = "max"
     # Adaptive: what drafted steps cost beyond their profiled price, by drafting depth:
     # "line", a robust line in the depth through the measured steps
