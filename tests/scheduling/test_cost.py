@@ -536,6 +536,38 @@ def test_a_noisy_slope_shrinks_by_its_standard_error():
     assert _shrunk_slope(0.5, more) == pytest.approx(0.5 - se_more)
 
 
+@given(
+    st.dictionaries(
+        st.integers(1, 7),
+        st.lists(st.floats(-5.0, 5.0, allow_nan=False), min_size=1, max_size=6),
+        min_size=2,
+        max_size=4,
+    ),
+    st.floats(0.0, 3.0),
+    st.floats(-10.0, 10.0),
+    st.floats(1.0, 4.0),
+)
+def test_the_shrunk_slope_is_never_steeper_and_grows_no_steeper_with_more_noise(
+    window, slope, shift, spread
+):
+    """Whatever the window: less its error the slope stays in [0, slope]; moving every
+    step by the same time changes nothing; and spreading each depth's steps wider about
+    their median never makes it steeper (the error read grows)."""
+    from statistics import median
+
+    from dspark.scheduling.cost import _shrunk_slope
+
+    shrunk = _shrunk_slope(slope, window)
+    assert 0.0 <= shrunk <= slope
+    moved = {d: [v + shift for v in values] for d, values in window.items()}
+    assert _shrunk_slope(slope, moved) == pytest.approx(shrunk, abs=1e-9)
+    wider = {
+        d: [median(values) + spread * (v - median(values)) for v in values]
+        for d, values in window.items()
+    }
+    assert _shrunk_slope(slope, wider) <= shrunk + 1e-9
+
+
 def test_with_slope_noise_two_equally_costly_depths_price_closer():
     """Drafted steps 6 and 7 deep that miss their price by the same noisy amount: the
     line's slope, clamped at 0, prices depth 7 above depth 6 on average; less its
