@@ -160,8 +160,9 @@ class EngineConfig:
     # default since session 36's in-run A/Bs on the H200 (``--variant
     # sn:overhead_slope_noise=on``, docs/results/bench/h200/session36/): the 8B shape ran
     # 1.014x and 1.020x plain adaptive at 16 requests, 1.032x at 64 and 0.988x, 1.003x
-    # and 1.000x at 1, 4 and 256; SmolLM2 0.995x at 16 and 0.985x at 1; this CPU's main
-    # job 1.029x at 1 and 0.953x at 4 (paired medians in the README).
+    # and 1.000x at 1, 4 and 256; SmolLM2 0.995x at 16 and 0.985x at 1; this CPU, at the
+    # main job's levels over five repeats, 1.029x at 1 and 0.953x at 4 (ratios of
+    # medians; the paired ones in that folder's README and docs/bench/cpu.md).
     overhead_slope_noise: bool = True
     # Adaptive: read each step's measured time at the recent steps' mean context before
     # the cost model learns from it, by what the start-up profile measured a key row of
