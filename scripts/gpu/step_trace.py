@@ -23,7 +23,8 @@ repeat, so read its table for shares, not its tok/s); ``TEMPERATURE=1`` samples
 budget and allocation still run; the throughput gate is off), so the host work of
 adaptive steps can be compared with a fixed K's where drafting would not pay
 (``SHAPE=tiny DEVICE=cpu``); a setting ``adaptive@2`` forces that one setting's
-decisions 2 deep.
+decisions 2 deep. ``COUNT=64`` measures that many requests (default twice the
+concurrency, at least 4).
 """
 
 import cProfile
@@ -432,7 +433,7 @@ def main() -> None:
     else:
         loaded = random_model(Args.shape, dtype, Args.device)
         replay = Replay(random_draft_model(loaded), AcceptanceTrace.resolve(trace))
-    count = max(4, concurrency * 2)
+    count = int(os.environ.get("COUNT", max(4, concurrency * 2)))  # measured requests
     full_warmup = os.environ.get("FULL_WARMUP") == "1"
     num_warm = count if full_warmup else concurrency
     prompts = bench_prompts(None, Args, count + num_warm)

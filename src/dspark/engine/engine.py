@@ -658,8 +658,13 @@ class LLMEngine:
                 owners.append((i, count))
         # The sampled rows' index goes to the device before the forward is queued, from
         # pinned memory: a copy out of pageable memory waits for the stream (the forward)
-        # to drain first, which kept the host from queueing the logits behind it.
-        row_index = self._to_device(rows) if rows else None
+        # to drain first, which kept the host from queueing the logits behind it. Rows only
+        # increase, so as many rows as tokens are every row (a step of single-token decodes:
+        # undrafted, or no speculation): the logits take the hidden states as they are, with
+        # no index to copy and no gather (about 0.05-0.09 ms of host time a step at one
+        # request on an H200's host, session 37's trace).
+        every_row = len(rows) == int(ends[-1])
+        row_index = self._to_device(rows) if rows and not every_row else None
         start_time = self._clock()
         padded = self.graphs.covered_tokens if self.graphs is not None else 0
         hidden, captured = self.forward(
@@ -669,7 +674,10 @@ class LLMEngine:
             np.array(tokens, dtype=np.int64),
         )
         # The logits are queued before the look-ahead, so the device never waits on it.
-        logits = self.model.logits(hidden[row_index]) if rows else None
+        if not rows:
+            logits = None
+        else:
+            logits = self.model.logits(hidden if every_row else hidden[row_index])
         if self.verifier is not None and self.lookahead:
             self._look_ahead(chunks, drafts)  # the host's turn while the device computes
         self.stats.forward_ms.append(self._clock() - start_time)
