@@ -72,6 +72,7 @@ PANELS = [
             ("s36 +sn", "h200/session36/b8_c16sn2", "adaptive≤7 sn"),
             ("s36 +sn", "h200/session36/b8_c64sn", "adaptive≤7 sn"),
             ("s36 +sn", "h200/session36/b8_c256sn", "adaptive≤7 sn"),
+            ("s37 ea36ce2", "h200/session37/b8_c1"),
         ],
     ),
     (
@@ -121,6 +122,9 @@ PANELS = [
             # The look-ahead off beside plain adaptive (overhead_slope_noise then off).
             ("s36 78810c0", "h200/session36/smollm2_s1la"),
             ("s36 78810c0", "h200/session36/smollm2_s16la"),
+            ("s37 ea36ce2", "h200/session37/smollm2_s1"),
+            ("s37 ea36ce2", "h200/session37/smollm2_s16"),
+            ("s37 ea36ce2", "h200/session37/smollm2_s16b"),
         ],
     ),
     (
@@ -180,6 +184,7 @@ PANELS = [
             ("s36 0d3a245", "cpu_session36_mainjob_0d3a245"),
             # Default adaptive beside profile_fit=isotonic, K = 1, 3.
             ("s36 17eb461", "cpu_iso_session36"),
+            ("s37 bf70150", "cpu_session37_mainjob_bf70150"),
         ],
     ),
 ]
@@ -243,11 +248,12 @@ def bench_rows(path: Path) -> list[dict]:
 
 
 # The 8B shape's levels on the current code (session 36: 78810c0 with
-# overhead_slope_noise on, the default since, run as the "sn" variant): (folder, the row
+# overhead_slope_noise on, the default since, run as the "sn" variant; 1 from session
+# 37's six repeats): (folder, the row
 # of adaptive at the defaults), drawn as "adaptive≤7" with the run's other adaptive rows
 # left out.
 SWEEP_8B = [
-    ("h200/session36/b8_c1sn", "adaptive≤7 sn"),
+    ("h200/session37/b8_c1", "adaptive≤7"),  # six repeats on ea36ce2 (session 37)
     ("h200/session36/b8_c4sn", "adaptive≤7 sn"),
     ("h200/session36/b8_c16sn", "adaptive≤7 sn"),
     ("h200/session36/b8_c64sn", "adaptive≤7 sn"),
