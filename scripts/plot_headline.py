@@ -125,6 +125,8 @@ PANELS = [
             ("s37 ea36ce2", "h200/session37/smollm2_s1"),
             ("s37 ea36ce2", "h200/session37/smollm2_s16"),
             ("s37 ea36ce2", "h200/session37/smollm2_s16b"),
+            ("s37 ea36ce2", "h200/session37/smollm2_s1b"),
+            ("s37 ea36ce2", "h200/session37/smollm2_s1v"),
         ],
     ),
     (

@@ -7,6 +7,9 @@
 #       confidences: adaptive's host work and cuts at K = 3's depth) and adaptive as it
 #       chooses, interleaved, REPEATS (3) each, step by step (PHASES), COUNT16 (64) and
 #       COUNT1 (6) measured requests of 128 tokens after as many warm-up ones.
+#   bash scripts/gpu/session37.sh undrafted
+#       At 1 request: no speculation, adaptive with every decision forced undrafted
+#       (adaptive@0: its host work and captured layers without drafting) and K = 3.
 set +e +o pipefail
 bash scripts/gpu/stage_piece.sh p10 >/dev/null 2>&1
 source scripts/gpu/env.sh
@@ -22,4 +25,8 @@ case "$1" in
   trace)
     trace 16 "${COUNT16:-64}" trace_c16.txt "fixed:3;adaptive@3;adaptive"
     trace 1 "${COUNT1:-6}" trace_c1.txt "fixed:3;adaptive@3;adaptive" ;;
+esac
+case "$1" in
+  undrafted)  # at 1 request: no speculation, adaptive held undrafted, K = 3 (PHASES)
+    trace 1 "${COUNT1:-6}" trace_c1_undrafted.txt "none;adaptive@0;fixed:3" ;;
 esac
