@@ -73,6 +73,8 @@ PANELS = [
             ("s36 +sn", "h200/session36/b8_c64sn", "adaptive≤7 sn"),
             ("s36 +sn", "h200/session36/b8_c256sn", "adaptive≤7 sn"),
             ("s37 ea36ce2", "h200/session37/b8_c1"),
+            ("s37 ea36ce2", "h200/session37/b8_c4"),
+            ("s37 ea36ce2", "h200/session37/b8_c16"),
         ],
     ),
     (
