@@ -189,6 +189,7 @@ PANELS = [
             # Default adaptive beside profile_fit=isotonic, K = 1, 3.
             ("s36 17eb461", "cpu_iso_session36"),
             ("s37 bf70150", "cpu_session37_mainjob_bf70150"),
+            ("s37 76a6296", "cpu_session37_mainjob_76a6296"),
         ],
     ),
 ]
