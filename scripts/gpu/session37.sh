@@ -25,8 +25,6 @@ case "$1" in
   trace)
     trace 16 "${COUNT16:-64}" trace_c16.txt "fixed:3;adaptive@3;adaptive"
     trace 1 "${COUNT1:-6}" trace_c1.txt "fixed:3;adaptive@3;adaptive" ;;
-esac
-case "$1" in
   undrafted)  # at 1 request: no speculation, adaptive held undrafted, K = 3 (PHASES)
     trace 1 "${COUNT1:-6}" trace_c1_undrafted.txt "none;adaptive@0;fixed:3" ;;
 esac

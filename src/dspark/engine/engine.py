@@ -659,10 +659,11 @@ class LLMEngine:
         # The sampled rows' index goes to the device before the forward is queued, from
         # pinned memory: a copy out of pageable memory waits for the stream (the forward)
         # to drain first, which kept the host from queueing the logits behind it. Rows only
-        # increase, so as many rows as tokens are every row (a step of single-token decodes:
-        # undrafted, or no speculation): the logits take the hidden states as they are, with
-        # no index to copy and no gather (about 0.05-0.09 ms of host time a step at one
-        # request on an H200's host, session 37's trace).
+        # increase, so as many rows as tokens are every row (any step of decodes alone,
+        # drafted or not, since a decode samples each of its rows; only a prompt chunk
+        # leaves rows out): the logits then take the hidden states as they are, with no
+        # index to copy and no gather (0.05-0.09 ms of host time a step at one request on
+        # an H200's host, session 37's trace).
         every_row = len(rows) == int(ends[-1])
         row_index = self._to_device(rows) if rows and not every_row else None
         start_time = self._clock()
@@ -674,9 +675,8 @@ class LLMEngine:
             np.array(tokens, dtype=np.int64),
         )
         # The logits are queued before the look-ahead, so the device never waits on it.
-        if not rows:
-            logits = None
-        else:
+        logits = None
+        if rows:
             logits = self.model.logits(hidden if every_row else hidden[row_index])
         if self.verifier is not None and self.lookahead:
             self._look_ahead(chunks, drafts)  # the host's turn while the device computes
