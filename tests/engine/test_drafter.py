@@ -70,3 +70,82 @@ def test_a_batch_with_mixed_sampling_parameters_drafts_each_row_from_its_own_dis
         assert (probs[torch.arange(len(tokens)), tokens] > 0).all()
         alone = _propose(model, features, ids, [anchor], [p], [seed])
         assert alone.tokens[0] == tokens
+
+
+@pytest.mark.parametrize("vocab", [False, True])
+def test_the_greedy_heads_runner_drafts_and_scores_as_the_eager_heads(drafter, vocab):
+    """The padded greedy pass (``GreedyHeads``, run eagerly here as on a CPU) against the
+    per-position eager heads and calibration, at every depth and at row counts that pad
+    (3 -> 4, 5 -> 8) or not: the same argmax tokens (draft-vocabulary rows mapped back to
+    token ids, each fed to the Markov head of the next position), the same calibrated
+    confidences, and past the depth the deepest one computed. The padding rows hold
+    junk from a larger run before, which must not reach a real row."""
+    from dspark.engine.drafter import GreedyHeads
+    from tests.models.test_drafter import random_drafter
+
+    target, _ = drafter
+    model = random_drafter(
+        target, calibration=(0.5, 2.0, 1.5, 3.0), calibration_bias=(0.1, -0.3, 0.2, 0.0)
+    )
+    vocab_ids = head_weight = None
+    if vocab:
+        model.set_draft_vocab(SUBSET)
+        vocab_ids = model.draft_vocab
+        head_weight = model.lm_head_rows(vocab_ids)
+    heads = GreedyHeads(model, head_weight, vocab_ids, max_rows=16, capture=False)
+    k, d = model.config.block_size, model.config.hidden_size
+    rng = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        heads.run(torch.randn(16, k, d, generator=rng) * 9, np.arange(16) + 40, k)  # junk
+        for rows in (1, 3, 5, 8):
+            hidden = torch.randn(rows, k, d, generator=rng)
+            anchors = np.random.default_rng(rows).integers(0, 256, rows)
+            for depth in range(1, k + 1):
+                drafted, confidences = heads.run(hidden, anchors, depth)
+                previous = torch.from_numpy(anchors)
+                expected_tokens, expected_logits = [], []
+                for position in range(depth):
+                    logits, conf = model.heads(hidden[:, position], previous, head_weight)
+                    choice = logits.argmax(dim=-1)
+                    previous = choice if vocab_ids is None else vocab_ids[choice]
+                    expected_tokens.append(previous)
+                    expected_logits.append(conf)
+                assert drafted.shape == (rows, depth)
+                assert torch.equal(drafted, torch.stack(expected_tokens, dim=1))
+                scale = torch.tensor([0.5, 2.0, 1.5, 3.0])[:depth]
+                shift = torch.tensor([0.1, -0.3, 0.2, 0.0])[:depth]
+                expected = torch.sigmoid(torch.stack(expected_logits, dim=1) / scale + shift)
+                assert confidences.shape == (rows, k)
+                torch.testing.assert_close(confidences[:, :depth], expected)
+                for position in range(depth, k):
+                    assert torch.equal(confidences[:, position], confidences[:, depth - 1])
+
+
+def test_a_drafter_with_the_greedy_heads_runner_proposes_what_the_eager_one_does(drafter):
+    """``DSparkDrafter.propose`` with padded steps (block pass and greedy heads) against
+    the eager drafter, over a batch where one request may not draft (its row of
+    confidences stays zero) and depths below the block: the same drafts and
+    confidences; a batch with a sampling request takes the eager heads."""
+    target, model = drafter
+    ids = [int(x) for x in np.random.default_rng(5).integers(0, 256, size=30)]
+    features = features_for(target, model, ids)
+    greedy = SamplingParams(temperature=0.0)
+
+    def propose(graphs, max_drafts, params):
+        engine_drafter = DSparkDrafter(model, 1024, 4, graphs=graphs)
+        requests = _requests(ids, [6, 13, 21], params, [0, 1, 2])
+        for request, anchor in zip(requests, [6, 13, 21], strict=True):
+            engine_drafter.observe([request], [0], [anchor], features[:anchor])
+        return engine_drafter, engine_drafter.propose(requests, np.array(max_drafts))
+
+    for max_drafts in ([4, 4, 4], [2, 0, 3], [1, 1, 1]):
+        _, eager = propose(None, max_drafts, [greedy] * 3)
+        padded_drafter, padded = propose((8, 64), max_drafts, [greedy] * 3)
+        assert padded_drafter.heads.num_runs == 1
+        assert padded.tokens == eager.tokens
+        assert [len(t) for t in padded.tokens] == [m and max(max_drafts) for m in max_drafts]
+        np.testing.assert_allclose(padded.confidences, eager.confidences, rtol=1e-5, atol=1e-6)
+        assert (padded.confidences[np.array(max_drafts) == 0] == 0).all()
+    sampling = [greedy, SamplingParams(temperature=1.0), greedy]
+    padded_drafter, _ = propose((8, 64), [4, 4, 4], sampling)
+    assert padded_drafter.heads.num_runs == 0

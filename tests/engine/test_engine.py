@@ -41,7 +41,8 @@ def run(loaded, prompts, params=GREEDY, **config):
     if drafter is not None:  # a DSpark drafter model built for this (random) target
         from dspark.engine.drafter import DSparkDrafter
 
-        drafter = DSparkDrafter(drafter, 16384, 16, graphs=drafter_graphs)
+        heads = config.get("head_graphs", True)
+        drafter = DSparkDrafter(drafter, 16384, 16, graphs=drafter_graphs, head_graphs=heads)
     engine = LLMEngine(loaded, EngineConfig(**config), drafter=drafter, cost_model=cost)
     requests = [engine.add_request(p, params) for p in prompts]
     while engine.has_unfinished():

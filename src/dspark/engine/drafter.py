@@ -59,9 +59,12 @@ class DSparkDrafter:
         block_size: int = 16,
         use_draft_vocab: bool = True,
         graphs: tuple[int, int] | None = None,
+        head_graphs: bool = True,
     ) -> None:
-        """``graphs``: ``(max_num_seqs, max_model_len)`` to run the block pass as padded
-        steps (``dspark.engine.graphs``; captured as CUDA graphs on a GPU), None: eager."""
+        """``graphs``: ``(max_num_seqs, max_model_len)`` to run the block pass and the
+        context updates as padded steps (``dspark.engine.graphs``; captured as CUDA
+        graphs on a GPU), and with ``head_graphs`` the greedy heads too (``GreedyHeads``);
+        None: eager."""
         self.model = model
         self.num_positions = model.config.block_size
         self.capture_layers = model.config.capture_layers
@@ -84,6 +87,8 @@ class DSparkDrafter:
         self.lengths: dict[str, int] = {}  # context positions cached per request
         self.graphs: PaddedStepRunner | None = None
         self.context_graphs: ContextWriter | None = None
+        self.heads: GreedyHeads | None = None
+        self.calibration = model.calibration_tensors(self.device)
         if graphs is not None:
             max_num_seqs, max_model_len = graphs
             k = self.num_positions
@@ -103,6 +108,10 @@ class DSparkDrafter:
                 max_rows=max(CONTEXT_GRAPH_ROWS, max_num_seqs * (k + 1)),
                 capture=capture,
             )
+            if head_graphs:
+                self.heads = GreedyHeads(
+                    model, self.head_weight, self.vocab_ids, max_num_seqs, capture
+                )
 
     @property
     def has_confidence(self) -> bool:
@@ -181,38 +190,55 @@ class DSparkDrafter:
         chosen = [requests[i] for i in ready]
         anchor_pos = np.array([r.num_tokens - 1 for r in chosen])
         anchor_ids = np.array([r.all_ids[-1] for r in chosen], dtype=np.int64)
-        anchors = torch.from_numpy(anchor_ids).to(self.device)
         tables = [self.tables[r.request_id] for r in chosen]
         queries = np.full(len(chosen), k)
         shape = None if self.graphs is None else self.graphs.shape_for(anchor_pos, queries)
+        heads = self.heads
+        if heads is not None and not (
+            heads.fits(len(chosen)) and all(r.params.is_greedy for r in chosen)
+        ):
+            heads = None  # sampling rows draw from their generators: eager heads
+        # The eager heads take the anchors as a tensor, copied before the block pass is
+        # queued: a copy out of pageable memory waits for the device to finish its work.
+        anchors = None if heads is not None else torch.from_numpy(anchor_ids).to(self.device)
         if shape is not None:  # block ids: the anchor, then -1 for each mask token
             ids = np.full((len(chosen), k), -1, dtype=np.int64)
             ids[:, 0] = anchor_ids
             hidden = self.graphs.run(tables, anchor_pos, queries, ids.ravel(), False, shape)
         else:
+            if anchors is None:
+                anchors = torch.from_numpy(anchor_ids).to(self.device)
             batch = self.cache.attention_batch(tables, anchor_pos, queries, causal=False)
             positions = (anchor_pos[:, None] + np.arange(k)).ravel()
             hidden = self._block_pass(
                 None, torch.from_numpy(positions).to(self.device), batch, anchors
             )
-        model = self.model
         hidden = hidden.view(len(chosen), k, -1)
         # The LM head runs once per position, sequentially (the Markov head), and reads the
         # whole (draft) vocabulary each time: stop at the deepest draft any request may verify.
         depth = int(max(max_drafts[i] for i in ready))
-        drafted, sampled_probs, conf_logits = self._sample(chosen, hidden, anchors, depth)
+        sampled_probs: list[torch.Tensor | None] = [None] * len(chosen)
+        if heads is not None:
+            drafted, computed = heads.run(hidden, anchor_ids, depth)  # computed: [ready, K]
+        else:
+            drafted, sampled_probs, conf_logits = self._sample(chosen, hidden, anchors, depth)
+            computed = None
+            if conf_logits is not None:
+                computed = self.model.calibrated(conf_logits, self.calibration)  # [ready, depth]
+                # Positions not computed keep the deepest conditional confidence, so that
+                # the next step's (stale) plan can still reach them.
+                rest = computed[:, -1:].expand(len(chosen), k - depth)
+                computed = torch.cat([computed, rest], dim=1)
         if while_drafting is not None:  # queued, not waited on: the device drafts meanwhile
             while_drafting()
         drafted_host = drafted.tolist()
         on_device = None
-        if conf_logits is not None:
-            computed = model.calibrated(conf_logits)  # [ready, depth]
-            on_device = torch.zeros(num, k, dtype=computed.dtype, device=computed.device)
-            rows = torch.tensor(ready, device=computed.device)
-            on_device[rows, :depth] = computed
-            # Positions not computed keep the deepest conditional confidence, so that the
-            # next step's (stale) plan can still reach them.
-            on_device[rows, depth:] = computed[:, -1:]
+        if computed is not None:
+            if len(ready) == num:
+                on_device = computed
+            else:
+                on_device = torch.zeros(num, k, dtype=computed.dtype, device=computed.device)
+                on_device[torch.tensor(ready, device=computed.device)] = computed
             confidences = on_device.cpu().numpy()  # the host copy, for the stale plan
         for row, i in enumerate(ready):
             tokens[i] = drafted_host[row]
@@ -408,6 +434,130 @@ class ContextWriter:
         self.num_captures += 1
         self.capture_seconds += time.perf_counter() - started
         graph.replay()
+
+
+class GreedyHeads:
+    """The Markov head's greedy pass over a proposal's block outputs (every position's
+    argmax, its confidence, then the calibrated confidences) as padded, replayable steps:
+    one CUDA graph per (padded row count, depth), captured the first time it is met, when
+    ``capture``.
+
+    Eagerly each position is a dozen small kernels (the Markov memory, the LM head, the
+    confidence head, the argmax), bound by launches on a GPU: the start-up profile priced
+    one more position of SmolLM2's drafter at 0.13 ms at 16 requests on an H200, and the
+    proposal cost more than that in the engine's steps (session 37). Replayed, a position
+    costs its kernels' device time. The rows pad to ``token_sizes``; padding rows hold
+    whatever earlier proposals left there, and every operation is per row, so they change
+    no real row. Without ``capture`` (CPU, tests) the same padded body runs eagerly.
+
+    Greedy rows only: a sampling row draws from its own generator, which a graph cannot
+    replay (``DSparkDrafter.propose`` runs such batches eagerly).
+    """
+
+    def __init__(
+        self,
+        model: DraftModel,
+        head_weight: torch.Tensor | None,
+        vocab_ids: torch.Tensor | None,
+        max_rows: int,
+        capture: bool,
+    ) -> None:
+        self.model, self.head_weight, self.vocab_ids = model, head_weight, vocab_ids
+        self.capture = capture
+        self.sizes = token_sizes(max_rows)
+        self.num_positions = model.config.block_size
+        param = next(model.parameters())
+        self.hidden = torch.zeros(
+            max_rows,
+            self.num_positions,
+            model.config.hidden_size,
+            dtype=param.dtype,
+            device=param.device,
+        )
+        self.anchors = torch.zeros(max_rows, dtype=torch.int64, device=param.device)
+        self.staging = torch.zeros(max_rows, dtype=torch.int64, pin_memory=capture)
+        self.calibration = model.calibration_tensors(param.device)
+        self._copied: torch.cuda.Event | None = None
+        self.graphs: dict[tuple[int, int], tuple] = {}  # (rows, depth) -> (graph, outputs)
+        # Covers: a larger row count of the same depth (a deeper pass would change the
+        # confidences it fills in past the depth).
+        self.ledger = CaptureLedger(
+            lambda shape, cover: (
+                row_padding_waste(shape[0], cover[0]) if shape[1] == cover[1] else None
+            )
+        )
+        self.exact_shapes = False  # see PaddedStepRunner
+        self.pool = None
+        self.num_captures = 0
+        self.capture_seconds = 0.0
+        self.num_runs = 0
+
+    def fits(self, num_rows: int) -> bool:
+        return 0 < num_rows <= self.sizes[-1]
+
+    def run(
+        self, hidden: torch.Tensor, anchor_ids: np.ndarray, depth: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Greedy drafts ``[n, depth]`` (token ids) for block outputs ``hidden`` ``[n, K,
+        d]`` after the anchors ``anchor_ids`` ``[n]``, and the calibrated confidences
+        ``[n, K]``, positions past ``depth`` holding the deepest one computed (None
+        without a confidence head). Views of this runner's buffers: read them before the
+        next ``run``."""
+        num_rows = hidden.shape[0]
+        shape = (round_up(self.sizes, num_rows), depth)
+        if self.capture and not self.exact_shapes:
+            shape = self.ledger.choose(shape, self.graphs)
+        self.num_runs += 1
+        if self._copied is not None:  # the previous copy out of the staging array is done
+            self._copied.synchronize()
+        self.staging.numpy()[:num_rows] = anchor_ids
+        self.anchors[:num_rows].copy_(self.staging[:num_rows], non_blocking=self.capture)
+        if self.capture:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        self.hidden[:num_rows].copy_(hidden)
+        if not self.capture:
+            drafted, confidences = self._body(*shape)
+        elif shape in self.graphs:
+            graph, (drafted, confidences) = self.graphs[shape]
+            graph.replay()
+        else:
+            drafted, confidences = self._capture(shape)
+        if confidences is not None:
+            confidences = confidences[:num_rows]
+        return drafted[:num_rows], confidences
+
+    def _body(self, size: int, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        model, hidden = self.model, self.hidden[:size]
+        previous = self.anchors[:size]  # real token ids: the Markov head embeds them
+        drafted, conf_logits = [], []
+        for position in range(depth):
+            logits, conf = model.heads(hidden[:, position], previous, self.head_weight)
+            choice = logits.argmax(dim=-1)
+            previous = choice if self.vocab_ids is None else self.vocab_ids[choice]
+            drafted.append(previous)
+            if conf is not None:
+                conf_logits.append(conf)
+        if not conf_logits:
+            return torch.stack(drafted, dim=1), None
+        computed = model.calibrated(torch.stack(conf_logits, dim=1), self.calibration)
+        rest = computed[:, -1:].expand(size, self.num_positions - depth)
+        return torch.stack(drafted, dim=1), torch.cat([computed, rest], dim=1)
+
+    def _capture(self, shape: tuple[int, int]):
+        self.ledger.forget_covers()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        graph, outputs = capture_graph(
+            lambda: self._body(*shape), self.pool, warm_up=self.num_captures == 0
+        )
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[shape] = (graph, outputs)
+        self.num_captures += 1
+        self.capture_seconds += time.perf_counter() - started
+        graph.replay()
+        return outputs
 
 
 def find_drafter(target: ModelConfig, required: bool = False) -> Path | None:

@@ -78,6 +78,11 @@ class EngineConfig:
     # Padded steps replayed as CUDA graphs (``dspark.engine.graphs``): "auto" (on for
     # CUDA), "on" (on CPU: the same padded layout, run eagerly) or "off" (eager, unpadded).
     cuda_graphs: str = "auto"
+    # With padded steps: the drafter's greedy head pass (each position's argmax and
+    # confidence, then the calibration) as one replayed step per row count and depth
+    # (``dspark.engine.drafter.GreedyHeads``) instead of a dozen launches a position;
+    # False: eager heads, as before session 38.
+    head_graphs: bool = True
     # CUDA graphs: a shape not captured yet replays a captured one that holds it until the
     # padding adds up to this many steps' worth, then is captured (``CaptureLedger``);
     # 0: capture every new shape the first time it is met; "auto": for the target's
@@ -488,8 +493,10 @@ class LLMEngine:
             self.graphs,
             getattr(self.drafter, "graphs", None),
             getattr(self.drafter, "context_graphs", None),
+            getattr(self.drafter, "heads", None),
             getattr(inner, "graphs", None),
             getattr(inner, "context_graphs", None),
+            getattr(inner, "heads", None),
         )
         self._runners = [runner for runner in runners if runner is not None]
         timed = config.graph_padding_budget == "auto"
@@ -608,6 +615,7 @@ class LLMEngine:
             config.block_size,
             use_draft_vocab=reduced,
             graphs=(config.max_num_seqs, self.max_model_len) if self.padded_steps else None,
+            head_graphs=config.head_graphs,
         )
 
     def _on_admit(self, request: Request) -> None:

@@ -37,7 +37,8 @@ class Proposal:
     draft_probs: list[torch.Tensor | None]  # [d, V] per request; None: deterministic drafts
     confidences: np.ndarray | None  # [n, K] from a confidence head; None: the drafter has none
     # The same confidences where the drafter computed them (the engine's device), for the
-    # allocation on device (``dspark.ops``); None: only the host copy exists.
+    # allocation on device (``dspark.ops``); None: only the host copy exists. It may be a
+    # view of the drafter's own buffers (a replayed graph's): read it before the next proposal.
     device_confidences: torch.Tensor | None = None
 
 

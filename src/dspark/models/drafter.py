@@ -315,19 +315,33 @@ class DraftModel(nn.Module):
             return logits, None
         return logits, _apply(self.confidence, torch.cat(inputs, dim=-1)).squeeze(-1).float()
 
-    def calibrated(self, confidence_logits: torch.Tensor) -> torch.Tensor:
+    def calibration_tensors(
+        self, device: torch.device
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The calibration's per-position temperatures and shifts as ``[K]`` tensors on
+        ``device`` (None where it has none): made once, they spare ``calibrated`` a copy
+        to the device per call, which a CUDA graph capture cannot hold."""
+        config = self.config
+        scale = torch.tensor(config.calibration, device=device) if config.calibration else None
+        shift = None
+        if config.calibration_bias:
+            shift = torch.tensor(config.calibration_bias, device=device)
+        return scale, shift
+
+    def calibrated(
+        self,
+        confidence_logits: torch.Tensor,
+        tensors: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+    ) -> torch.Tensor:
         """Probabilities from confidence logits ``[..., K]``, with the calibration's
-        per-position temperatures (and shifts) when it has them."""
-        temperatures = self.config.calibration
-        if temperatures:
-            k = confidence_logits.shape[-1]
-            device = confidence_logits.device
-            scale = torch.tensor(temperatures[:k], device=device)
-            confidence_logits = confidence_logits / scale
-            if self.config.calibration_bias:
-                confidence_logits = confidence_logits + torch.tensor(
-                    self.config.calibration_bias[:k], device=device
-                )
+        per-position temperatures (and shifts) when it has them; ``tensors``: those of
+        ``calibration_tensors`` on the logits' device (None: made here)."""
+        scale, shift = tensors or self.calibration_tensors(confidence_logits.device)
+        k = confidence_logits.shape[-1]
+        if scale is not None:
+            confidence_logits = confidence_logits / scale[:k]
+        if shift is not None:
+            confidence_logits = confidence_logits + shift[:k]
         return torch.sigmoid(confidence_logits)
 
     # ---- training ----------------------------------------------------------------------
