@@ -9,8 +9,8 @@
 #   bash scripts/gpu/session38.sh c16
 #       At 16 (128 requests, REPEATS16, 5): K = 3 and 4, adaptive, and eh.
 #   bash scripts/gpu/session38.sh margins
-#       At 1 (8 requests, REPEATS1, 6) then 16 (128, REPEATS16, 5): K = 3, adaptive, a
-#       depth margin of 0.02 (m2) and survival calibrated by outcomes (cs).
+#       At 1 (8 requests, REPEATS1, 5) then 16 (128, REPEATS16, 5): K = 3, adaptive, a
+#       depth margin of 0.02 (m2) and survival calibrated by outcomes (cs); at 1 eh too.
 #   bash scripts/gpu/session38.sh mid
 #       At 4 (48 requests, REPEATS4, 4) and 64 (128, REPEATS64, 3): K = 3 and 4, adaptive.
 set +e +o pipefail
@@ -30,8 +30,8 @@ case "$1" in
       --variant cs:calibrate_survival=on ;;
   margins)
     both="--no-baseline --variant m2:depth_margin=0.02 --variant cs:calibrate_survival=on"
-    bench "${LIMIT1:-240}" s38_m_c1 1 8 "${REPEATS1:-6}" --fixed 3 $both
-    bench "${LIMIT16:-330}" s38_m_c16 16 128 "${REPEATS16:-5}" --fixed 3 $both ;;
+    bench "${LIMIT1:-270}" s38_m_c1 1 8 "${REPEATS1:-5}" --fixed 3 $both $eager
+    bench "${LIMIT16:-300}" s38_m_c16 16 128 "${REPEATS16:-5}" --fixed 3 $both ;;
   mid)
     bench "${LIMIT4:-200}" s38_c4 4 48 "${REPEATS4:-4}" --fixed 3 4 --no-baseline
     bench "${LIMIT64:-300}" s38_c64 64 128 "${REPEATS64:-3}" --fixed 3 4 --no-baseline ;;
