@@ -14,7 +14,8 @@ the same rounds where their paths cross.
 
 ``PRICES=session30`` prices steps as session 30's H200 run measured them instead
 (``CATCH_UP_MS`` sets the held-back upkeep's catch-up, 0.3 ms by default there), and
-``PRICES=cpu31`` as session 31's main job on the 2-core CPU did (catch-up 5 ms);
+``PRICES=cpu31`` as session 31's main job on the 2-core CPU did (catch-up 5 ms),
+``PRICES=session38`` as session 38's H200 run at one request (greedy heads as graphs);
 ``ACCEPT_SCALE`` makes the drafter overconfident (below).
 
 Prints tokens per ms by policy and each adaptive variant's ratio to the best fixed K.
@@ -48,6 +49,22 @@ if os.environ.get("PRICES") == "session30":
     DRAFT_MS = 4.31 + 0.19 * np.arange(8) - VERIFY_MS
     DRAFT_MS[0] = 0.0
     UNDRAFTED_WALL = 3.34
+    CATCH_UP_MS = float(os.environ.get("CATCH_UP_MS", "0.3"))
+elif os.environ.get("PRICES") == "session38":
+    # Session 38's first c1 run (H200, 3be362f's greedy heads replayed as graphs; medians
+    # of five repeats, docs/results/bench/h200/session38/s38_c1): K = 3 4.38 ms a step,
+    # K = 4 4.54, K = 5 4.60; the forward phase 3.15 ms at 4 tokens and 3.23-3.24 at 5-6
+    # (the 8-token graph); the drafter phase 0.70-0.81 ms, about 0.535 + 0.055 d. Taken
+    # as walls of fwd(d) + 0.535 + 0.055 d + 0.53 (the rest of K = 3's step), fwd 3.10
+    # at 2 tokens, 3.15 at 3-4, 3.23 at 5-8; undrafted 3.25 (no speculation's 3.17 and
+    # session 37's measured 0.08 ms more for adaptive's undrafted step).
+    depth = np.arange(8)
+    forward = np.array([3.05, 3.10, 3.15, 3.15, 3.23, 3.23, 3.23, 3.23])
+    walls = forward + 0.535 + 0.055 * depth + 0.53
+    VERIFY_MS = 3.25 + forward - forward[0]
+    DRAFT_MS = walls - VERIFY_MS
+    DRAFT_MS[0] = 0.0
+    UNDRAFTED_WALL = 3.25
     CATCH_UP_MS = float(os.environ.get("CATCH_UP_MS", "0.3"))
 elif os.environ.get("PRICES") == "cpu31":
     # Session 31's main job on the 2-core CPU (one repeat each, step medians): undrafted

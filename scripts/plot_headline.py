@@ -75,6 +75,11 @@ PANELS = [
             ("s37 ea36ce2", "h200/session37/b8_c1"),
             ("s37 ea36ce2", "h200/session37/b8_c4"),
             ("s37 ea36ce2", "h200/session37/b8_c16"),
+            # Session 38 (3be362f): the drafter's greedy heads replayed as CUDA graphs.
+            ("s38 3be362f", "h200/session38/b8_s38_c16"),
+            ("s38 3be362f", "h200/session38/b8_s38_c1"),
+            ("s38 3be362f", "h200/session38/b8_s38_m2_c16"),
+            ("s38 3be362f", "h200/session38/b8_s38_m2_c4"),
         ],
     ),
     (
@@ -129,6 +134,12 @@ PANELS = [
             ("s37 ea36ce2", "h200/session37/smollm2_s16b"),
             ("s37 ea36ce2", "h200/session37/smollm2_s1b"),
             ("s37 ea36ce2", "h200/session37/smollm2_s1v"),
+            # Session 38: s38_c1 and s38_c16 ran 3be362f's head graphs (its eager heads
+            # differ: README there); the margins runs 3be362f.
+            ("s38 3be362f", "h200/session38/s38_c1"),
+            ("s38 3be362f", "h200/session38/s38_c16"),
+            ("s38 3be362f", "h200/session38/s38_m_c1"),
+            ("s38 3be362f", "h200/session38/s38_m_c16"),
         ],
     ),
     (
@@ -190,6 +201,9 @@ PANELS = [
             ("s36 17eb461", "cpu_iso_session36"),
             ("s37 bf70150", "cpu_session37_mainjob_bf70150"),
             ("s37 76a6296", "cpu_session37_mainjob_76a6296"),
+            # Session 38: two main jobs back to back on 3be362f, the VM slow at 8 rows.
+            ("s38 3be362f", "cpu_session38_mainjob_3be362f"),
+            ("s38 3be362f", "cpu_session38_mainjob_3be362fb"),
         ],
     ),
 ]
