@@ -557,3 +557,37 @@ def test_filled_steps_charge_their_own_shapes_and_stay_lossless(tmp_path, monkey
             engine.step()
     assert [r.output_ids for r in requests] == [o.token_ids for o in plain]
     assert engine.stats.filled_steps > 0 and charged
+
+
+@pytest.mark.parametrize("head_graphs", [True, False])
+def test_the_engine_builds_its_drafter_with_greedy_heads_as_configured(tmp_path, head_graphs):
+    """A drafter directory loaded by the engine itself (``EngineConfig.drafter``), padded
+    steps on: the greedy heads run padded unless ``head_graphs`` is off, with a draft
+    vocabulary, and greedy speculation still equals plain greedy."""
+    from dspark.models.drafter import save_drafter, write_draft_vocab
+    from tests.engine.test_draft_vocab import SUBSET
+    from tests.models.test_drafter import random_drafter
+
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    directory = save_drafter(random_drafter(target, block_size=5), tmp_path / "d")
+    write_draft_vocab(directory, SUBSET, {"size": len(SUBSET)})
+    prompts = repetitive_prompts(6)
+    plain, _ = run(target, prompts)
+    out, engine = run(
+        target,
+        prompts,
+        spec="fixed",
+        num_drafts=5,
+        drafter=str(directory),
+        draft_vocab="on",
+        cuda_graphs="on",
+        head_graphs=head_graphs,
+    )
+    assert [o.token_ids for o in out] == [o.token_ids for o in plain]
+    heads = engine.drafter.heads
+    if head_graphs:
+        assert heads.vocab_ids.tolist() == SUBSET.tolist()
+        assert heads.num_runs == engine.drafter.graphs.num_runs > 0
+        assert heads in engine.padded_runners()
+    else:
+        assert heads is None
