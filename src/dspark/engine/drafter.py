@@ -439,14 +439,14 @@ class ContextWriter:
 class GreedyHeads:
     """The Markov head's greedy pass over a proposal's block outputs (every position's
     argmax, its confidence, then the calibrated confidences) as padded, replayable steps:
-    one CUDA graph per (padded row count, depth), captured the first time it is met, when
-    ``capture``.
+    one CUDA graph per (padded row count, depth) when ``capture``, captured as the padded
+    steps' shapes are (``CaptureLedger``: a larger row count of the same depth covers a
+    new one until covering it has cost what a capture does).
 
     Eagerly each position is a dozen small kernels (the Markov memory, the LM head, the
-    confidence head, the argmax), bound by launches on a GPU: the start-up profile priced
-    one more position of SmolLM2's drafter at 0.13 ms at 16 requests on an H200, and the
-    proposal cost more than that in the engine's steps (session 37). Replayed, a position
-    costs its kernels' device time. The rows pad to ``token_sizes``; padding rows hold
+    confidence head, the argmax), bound by launches on a GPU: about 0.13 ms a position
+    for SmolLM2's drafter at 16 requests on an H200. Replayed, a position costs its
+    kernels' device time. The rows pad to ``token_sizes``; padding rows hold
     whatever earlier proposals left there, and every operation is per row, so they change
     no real row. Without ``capture`` (CPU, tests) the same padded body runs eagerly.
 

@@ -81,7 +81,7 @@ class EngineConfig:
     # With padded steps: the drafter's greedy head pass (each position's argmax and
     # confidence, then the calibration) as one replayed step per row count and depth
     # (``dspark.engine.drafter.GreedyHeads``) instead of a dozen launches a position;
-    # False: eager heads, as before session 38.
+    # False: eager heads.
     head_graphs: bool = True
     # CUDA graphs: a shape not captured yet replays a captured one that holds it until the
     # padding adds up to this many steps' worth, then is captured (``CaptureLedger``);
