@@ -351,7 +351,62 @@ CONTEXT_GRAPH_ROWS = 2048
 K); a larger update (a long prompt chunk, held-back upkeep run in one batch) runs eagerly."""
 
 
-class ContextWriter:
+class _RowGraphs:
+    """What the drafter's padded row-count runners share (``ContextWriter``,
+    ``GreedyHeads``): the padded sizes, the capture bookkeeping the engine reads
+    (``ledger``, ``exact_shapes``, ``num_captures``, ``capture_seconds``) and capturing."""
+
+    def __init__(self, max_rows: int, capture: bool, waste: Callable) -> None:
+        self.capture = capture
+        self.sizes = token_sizes(max_rows)
+        self._copied: torch.cuda.Event | None = None  # the last staging copy
+        self.ledger = CaptureLedger(waste)
+        self.exact_shapes = False  # see PaddedStepRunner
+        self.pool = None
+        self.num_captures = 0
+        self.capture_seconds = 0.0
+        self.num_runs = 0
+
+    def fits(self, num_rows: int) -> bool:
+        return 0 < num_rows <= self.sizes[-1]
+
+    def _chosen(self, shape):
+        """The shape a step runs: its own, or a captured one covering it (``ledger``)."""
+        self.num_runs += 1
+        if self.capture and not self.exact_shapes:
+            return self.ledger.choose(shape, self.graphs)
+        return shape
+
+    def _staging_view(self) -> np.ndarray:
+        """The host staging array, once the previous copy out of it has finished."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self.staging.numpy()
+
+    def _send(self, target: torch.Tensor, count: int) -> None:
+        """The first ``count`` staged values into the device buffer ``target`` (from pinned
+        memory with capture: the host does not wait for the device)."""
+        target[:count].copy_(self.staging[:count], non_blocking=self.capture)
+        if self.capture:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def _captured(self, body: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
+        """``body()`` captured into this runner's pool once the device is idle (the host
+        time counted as capture time), then replayed for the step at hand."""
+        self.ledger.forget_covers()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        graph, outputs = capture_graph(body, self.pool, warm_up=self.num_captures == 0)
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.num_captures += 1
+        self.capture_seconds += time.perf_counter() - started
+        graph.replay()
+        return graph, outputs
+
+
+class ContextWriter(_RowGraphs):
     """The drafter's context update as padded, replayable steps (one CUDA graph per padded
     row count, captured the first time it is met, when ``capture``).
 
@@ -366,53 +421,34 @@ class ContextWriter:
     def __init__(
         self, model: DraftModel, cache: PagedKVCache, scratch_row: int, max_rows: int, capture: bool
     ) -> None:
+        super().__init__(max_rows, capture, row_padding_waste)
         self.model, self.cache = model, cache
         self.scratch_row = scratch_row
-        self.capture = capture
-        self.sizes = token_sizes(max_rows)
         weight = model.fc.weight
         self.features = torch.zeros(
             max_rows, weight.shape[1], dtype=weight.dtype, device=weight.device
         )
         self.staging = torch.zeros(2 * max_rows, dtype=torch.int64, pin_memory=capture)
         self.index = torch.zeros(2 * max_rows, dtype=torch.int64, device=weight.device)
-        self._copied: torch.cuda.Event | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.ledger = CaptureLedger(row_padding_waste)
-        self.exact_shapes = False  # see PaddedStepRunner
-        self.pool = None
-        self.num_captures = 0
-        self.capture_seconds = 0.0
-        self.num_runs = 0
-
-    def fits(self, num_rows: int) -> bool:
-        return 0 < num_rows <= self.sizes[-1]
 
     def run(self, features: torch.Tensor, positions: np.ndarray, write: np.ndarray) -> None:
         """``write_context`` of ``features`` at ``positions`` into cache rows ``write``."""
         num_rows = write.shape[0]
-        size = round_up(self.sizes, num_rows)
-        if self.capture and not self.exact_shapes:
-            size = self.ledger.choose(size, self.graphs)
-        self.num_runs += 1
-        if self._copied is not None:  # the previous copy out of the staging array is done
-            self._copied.synchronize()
-        view = self.staging.numpy()
+        size = self._chosen(round_up(self.sizes, num_rows))
+        view = self._staging_view()
         view[:num_rows] = positions
         view[num_rows:size] = 0
         view[size : size + num_rows] = write
         view[size + num_rows : 2 * size] = self.scratch_row
-        self.index[: 2 * size].copy_(self.staging[: 2 * size], non_blocking=self.capture)
-        if self.capture:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        self._send(self.index, 2 * size)
         self.features[:num_rows].copy_(features)
         if not self.capture:
             self._body(size)
         elif size in self.graphs:
             self.graphs[size].replay()
         else:
-            self._capture(size)
+            self.graphs[size], _ = self._captured(lambda: self._body(size))
 
     def _body(self, size: int) -> None:
         write_context(
@@ -423,20 +459,8 @@ class ContextWriter:
             self.index[size : 2 * size],
         )
 
-    def _capture(self, size: int) -> None:
-        self.ledger.forget_covers()
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        graph, _ = capture_graph(lambda: self._body(size), self.pool, self.num_captures == 0)
-        if self.pool is None:
-            self.pool = graph.pool()
-        self.graphs[size] = graph
-        self.num_captures += 1
-        self.capture_seconds += time.perf_counter() - started
-        graph.replay()
 
-
-class GreedyHeads:
+class GreedyHeads(_RowGraphs):
     """The Markov head's greedy pass over a proposal's block outputs (every position's
     argmax, its confidence, then the calibrated confidences) as padded, replayable steps:
     one CUDA graph per (padded row count, depth) when ``capture``, captured as the padded
@@ -462,9 +486,16 @@ class GreedyHeads:
         max_rows: int,
         capture: bool,
     ) -> None:
+        # Covers: a larger row count of the same depth (a deeper pass would change the
+        # confidences it fills in past the depth).
+        super().__init__(
+            max_rows,
+            capture,
+            lambda shape, cover: (
+                row_padding_waste(shape[0], cover[0]) if shape[1] == cover[1] else None
+            ),
+        )
         self.model, self.head_weight, self.vocab_ids = model, head_weight, vocab_ids
-        self.capture = capture
-        self.sizes = token_sizes(max_rows)
         self.num_positions = model.config.block_size
         param = next(model.parameters())
         self.hidden = torch.zeros(
@@ -477,23 +508,7 @@ class GreedyHeads:
         self.anchors = torch.zeros(max_rows, dtype=torch.int64, device=param.device)
         self.staging = torch.zeros(max_rows, dtype=torch.int64, pin_memory=capture)
         self.calibration = model.calibration_tensors(param.device)
-        self._copied: torch.cuda.Event | None = None
         self.graphs: dict[tuple[int, int], tuple] = {}  # (rows, depth) -> (graph, outputs)
-        # Covers: a larger row count of the same depth (a deeper pass would change the
-        # confidences it fills in past the depth).
-        self.ledger = CaptureLedger(
-            lambda shape, cover: (
-                row_padding_waste(shape[0], cover[0]) if shape[1] == cover[1] else None
-            )
-        )
-        self.exact_shapes = False  # see PaddedStepRunner
-        self.pool = None
-        self.num_captures = 0
-        self.capture_seconds = 0.0
-        self.num_runs = 0
-
-    def fits(self, num_rows: int) -> bool:
-        return 0 < num_rows <= self.sizes[-1]
 
     def run(
         self, hidden: torch.Tensor, anchor_ids: np.ndarray, depth: int
@@ -504,17 +519,9 @@ class GreedyHeads:
         without a confidence head). Views of this runner's buffers: read them before the
         next ``run``."""
         num_rows = hidden.shape[0]
-        shape = (round_up(self.sizes, num_rows), depth)
-        if self.capture and not self.exact_shapes:
-            shape = self.ledger.choose(shape, self.graphs)
-        self.num_runs += 1
-        if self._copied is not None:  # the previous copy out of the staging array is done
-            self._copied.synchronize()
-        self.staging.numpy()[:num_rows] = anchor_ids
-        self.anchors[:num_rows].copy_(self.staging[:num_rows], non_blocking=self.capture)
-        if self.capture:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        shape = self._chosen((round_up(self.sizes, num_rows), depth))
+        self._staging_view()[:num_rows] = anchor_ids
+        self._send(self.anchors, num_rows)
         self.hidden[:num_rows].copy_(hidden)
         if not self.capture:
             drafted, confidences = self._body(*shape)
@@ -522,7 +529,8 @@ class GreedyHeads:
             graph, (drafted, confidences) = self.graphs[shape]
             graph.replay()
         else:
-            drafted, confidences = self._capture(shape)
+            graph, (drafted, confidences) = self._captured(lambda: self._body(*shape))
+            self.graphs[shape] = (graph, (drafted, confidences))
         if confidences is not None:
             confidences = confidences[:num_rows]
         return drafted[:num_rows], confidences
@@ -543,21 +551,6 @@ class GreedyHeads:
         computed = model.calibrated(torch.stack(conf_logits, dim=1), self.calibration)
         rest = computed[:, -1:].expand(size, self.num_positions - depth)
         return torch.stack(drafted, dim=1), torch.cat([computed, rest], dim=1)
-
-    def _capture(self, shape: tuple[int, int]):
-        self.ledger.forget_covers()
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        graph, outputs = capture_graph(
-            lambda: self._body(*shape), self.pool, warm_up=self.num_captures == 0
-        )
-        if self.pool is None:
-            self.pool = graph.pool()
-        self.graphs[shape] = (graph, outputs)
-        self.num_captures += 1
-        self.capture_seconds += time.perf_counter() - started
-        graph.replay()
-        return outputs
 
 
 def find_drafter(target: ModelConfig, required: bool = False) -> Path | None:
