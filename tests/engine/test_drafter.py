@@ -149,3 +149,80 @@ def test_a_drafter_with_the_greedy_heads_runner_proposes_what_the_eager_one_does
     sampling = [greedy, SamplingParams(temperature=1.0), greedy]
     padded_drafter, _ = propose((8, 64), [4, 4, 4], sampling)
     assert padded_drafter.heads.num_runs == 0
+
+
+class _ReplayedBody:
+    """A CUDA graph stand-in: replaying runs the captured body again, writing into the
+    outputs the capture returned, as a graph writes into its own buffers."""
+
+    def __init__(self, body):
+        self.body = body
+        self.outputs = body()
+
+    def replay(self):
+        new = self.body()
+        for out, value in zip(self.outputs or (), new or (), strict=True):
+            if out is not None:
+                out.copy_(value)
+
+    def pool(self):
+        return "pool"
+
+
+def fake_graph_capture(monkeypatch) -> list[bool]:
+    """The drafter's row-count runners capture ``_ReplayedBody`` stand-ins on the CPU
+    (no CUDA events nor synchronisation); returns the ``warm_up`` flag of each capture."""
+    import dspark.engine.drafter as drafter_module
+    from tests.engine.test_graphs import _NoEvent
+
+    monkeypatch.setattr(torch.cuda, "Event", _NoEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    captured: list[bool] = []
+
+    def fake_capture(body, pool, warm_up):
+        graph = _ReplayedBody(body)
+        captured.append(warm_up)
+        return graph, graph.outputs
+
+    monkeypatch.setattr(drafter_module, "capture_graph", fake_capture)
+    return captured
+
+
+def test_the_greedy_heads_capture_each_depth_and_cover_smaller_row_counts(drafter, monkeypatch):
+    """``GreedyHeads`` on its capturing path (graphs faked on the CPU): the first run of a
+    (row count, depth) with no cover captures it; a smaller row count of the same depth
+    replays that capture (its padding) until the ledger says capture, a new depth never
+    replays another depth's; inside ``exact_shapes`` every shape is its own. Every run
+    gives the eager pass's drafts and confidences for its real rows."""
+    from dspark.engine.drafter import GreedyHeads
+
+    captured = fake_graph_capture(monkeypatch)
+    _, model = drafter
+    eager = GreedyHeads(model, None, None, max_rows=16, capture=False)
+    heads = GreedyHeads(model, None, None, max_rows=16, capture=False)
+    heads.capture = True  # (its staging array is not pinned: no CUDA here)
+    heads.ledger.budget = 1.0  # a cover of twice the rows wastes 0.5 of a step: two replays
+    k, d = model.config.block_size, model.config.hidden_size
+    rng = torch.Generator().manual_seed(5)
+
+    def check(rows, depth):
+        hidden = torch.randn(rows, k, d, generator=rng)
+        anchors = np.random.default_rng(rows + 10 * depth).integers(0, 256, rows)
+        with torch.inference_mode():
+            got = heads.run(hidden, anchors, depth)
+            want = eager.run(hidden, anchors, depth)
+        assert torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1])
+
+    check(16, 3)
+    assert list(heads.graphs) == [(16, 3)] and captured == [True]
+    check(8, 3)  # covered by (16, 3): its waste is 8 / 16 = 0.5
+    check(8, 2)  # no depth-2 graph covers it: captured
+    assert list(heads.graphs) == [(16, 3), (8, 2)]
+    check(8, 3)  # the second cover spends the budget: captured now
+    assert set(heads.graphs) == {(16, 3), (8, 2), (8, 3)}
+    assert captured == [True, False, False] and heads.num_captures == 3
+    heads.exact_shapes = True
+    check(4, 3)  # its own shape, not the (8, 3) cover
+    assert (4, 3) in heads.graphs and heads.num_captures == 4
+    assert heads.num_runs == 5 and heads.pool == "pool" and heads.capture_seconds > 0

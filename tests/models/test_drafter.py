@@ -179,6 +179,7 @@ def test_rollback_after_partial_acceptance(setup):
     "device",
     [
         "cpu",
+        "cpu-captured",
         pytest.param(
             "cuda",
             marks=[
@@ -188,11 +189,18 @@ def test_rollback_after_partial_acceptance(setup):
         ),
     ],
 )
-def test_padded_context_updates_leave_the_context_the_eager_ones_leave(setup, device):
+def test_padded_context_updates_leave_the_context_the_eager_ones_leave(setup, device, monkeypatch):
     """``ContextWriter`` pads each update to a row count it replays (a captured CUDA graph
-    on a GPU; the same padded body run eagerly on the CPU): the drafts and confidences
-    that read the context come out as with the eager update, and its padding rows land in
-    the scratch block only."""
+    on a GPU; the same padded body run eagerly on the CPU; on the CPU with its capture
+    path taken and graphs faked, "cpu-captured"): the drafts and confidences that read
+    the context come out as with the eager update, and its padding rows land in the
+    scratch block only."""
+    captures = device != "cpu"
+    if device == "cpu-captured":
+        from tests.engine.test_drafter import fake_graph_capture
+
+        fake_graph_capture(monkeypatch)
+        device = "cpu"
     target, drafter = setup
     rng = np.random.default_rng(5)
     seqs = [[int(x) for x in rng.integers(0, 256, size=n)] for n in (30, 23, 17)]
@@ -201,6 +209,7 @@ def test_padded_context_updates_leave_the_context_the_eager_ones_leave(setup, de
     drafter = drafter.to(device)
     eager = DSparkDrafter(drafter, num_rows=512, block_size=4)
     padded = DSparkDrafter(drafter, num_rows=512, block_size=4, graphs=(4, 64))
+    padded.context_graphs.capture = captures
     scratch = padded.graphs.scratch_block
     before = [k.clone() for k, _ in padded.cache.layers]
 
@@ -222,9 +231,8 @@ def test_padded_context_updates_leave_the_context_the_eager_ones_leave(setup, de
         engine_drafter.observe([r[1]], [10], [1], f[1][10:11])
         engine_drafter.observe(r[:2], [11, 11], [1, 1], torch.cat([f[0][11:12], f[1][11:12]]))
     assert padded.context_graphs.num_runs == 6
-    assert padded.context_graphs.capture == (device == "cuda")
     # 32, 1 and 2 rows captured; the 10-row update replays the 32-row graph (a cover).
-    assert padded.context_graphs.num_captures == (3 if device == "cuda" else 0)
+    assert padded.context_graphs.num_captures == (3 if captures else 0)
     assert eager.context_graphs is None
     requests = [named(i, ids) for i, ids in enumerate(seqs)]
     a = eager.propose(requests, np.array([4, 4, 4]))
