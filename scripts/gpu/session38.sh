@@ -1,5 +1,5 @@
 # Session 38 GPU calls: the drafter's greedy heads replayed as CUDA graphs
-# (``GreedyHeads``, ``EngineConfig.head_graphs``), SmolLM2 + the shipped drafter, staged
+# (``GreedyHeads``, now ``DraftHeads``; ``EngineConfig.head_graphs``), SmolLM2 + the shipped drafter, staged
 # as in session 36 (stage_piece.sh p1 .. p9, one call each; then a call carrying .gpu/p10
 # .gpu/wheels .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256).
 #   bash scripts/gpu/session38.sh c1

@@ -25,6 +25,11 @@ def _requests(ids, anchors, params, seeds):
     return requests
 
 
+def _greedy_rows(count):
+    """``count`` greedy requests: what ``DraftHeads.run`` reads of them is their params."""
+    return [Request(f"g{i}", [1], SamplingParams(temperature=0.0), 0.0) for i in range(count)]
+
+
 def _propose(drafter, features, ids, anchors, params, seeds):
     engine_drafter = DSparkDrafter(drafter, 1024, 4)
     requests = _requests(ids, anchors, params, seeds)
@@ -74,13 +79,13 @@ def test_a_batch_with_mixed_sampling_parameters_drafts_each_row_from_its_own_dis
 
 @pytest.mark.parametrize("vocab", [False, True])
 def test_the_greedy_heads_runner_drafts_and_scores_as_the_eager_heads(drafter, vocab):
-    """The padded greedy pass (``GreedyHeads``, run eagerly here as on a CPU) against the
+    """The padded greedy pass (``DraftHeads``, run eagerly here as on a CPU) against the
     per-position eager heads and calibration, at every depth and at row counts that pad
     (3 -> 4, 5 -> 8) or not: the same argmax tokens (draft-vocabulary rows mapped back to
     token ids, each fed to the Markov head of the next position), the same calibrated
     confidences, and past the depth the deepest one computed. The padding rows hold
     junk from a larger run before, which must not reach a real row."""
-    from dspark.engine.drafter import GreedyHeads
+    from dspark.engine.drafter import DraftHeads
     from tests.models.test_drafter import random_drafter
 
     target, _ = drafter
@@ -92,16 +97,18 @@ def test_the_greedy_heads_runner_drafts_and_scores_as_the_eager_heads(drafter, v
         model.set_draft_vocab(SUBSET)
         vocab_ids = model.draft_vocab
         head_weight = model.lm_head_rows(vocab_ids)
-    heads = GreedyHeads(model, head_weight, vocab_ids, max_rows=16, capture=False)
+    heads = DraftHeads(model, head_weight, vocab_ids, max_rows=16, capture=False)
     k, d = model.config.block_size, model.config.hidden_size
     rng = torch.Generator().manual_seed(3)
     with torch.inference_mode():
-        heads.run(torch.randn(16, k, d, generator=rng) * 9, np.arange(16) + 40, k)  # junk
+        junk = torch.randn(16, k, d, generator=rng) * 9
+        heads.run(junk, np.arange(16) + 40, k, _greedy_rows(16))
         for rows in (1, 3, 5, 8):
             hidden = torch.randn(rows, k, d, generator=rng)
             anchors = np.random.default_rng(rows).integers(0, 256, rows)
             for depth in range(1, k + 1):
-                drafted, confidences = heads.run(hidden, anchors, depth)
+                drafted, confidences, probs = heads.run(hidden, anchors, depth, _greedy_rows(rows))
+                assert probs is None
                 previous = torch.from_numpy(anchors)
                 expected_tokens, expected_logits = [], []
                 for position in range(depth):
@@ -121,12 +128,17 @@ def test_the_greedy_heads_runner_drafts_and_scores_as_the_eager_heads(drafter, v
                     assert torch.equal(confidences[:, position], confidences[:, depth - 1])
 
 
-def test_a_drafter_with_the_greedy_heads_runner_proposes_what_the_eager_one_does(drafter):
-    """``DSparkDrafter.propose`` with padded steps (block pass and greedy heads) against
-    the eager drafter, over a batch where one request may not draft (its row of
-    confidences stays zero) and depths below the block: the same drafts and
-    confidences; a batch with a sampling request takes the eager heads."""
+@pytest.mark.parametrize("vocab", [False, True])
+def test_a_drafter_with_the_heads_runner_proposes_what_the_eager_one_does(drafter, vocab):
+    """``DSparkDrafter.propose`` with padded steps (block pass and heads) against the
+    eager drafter, over a batch where one request may not draft (its row of confidences
+    stays zero) and depths below the block: the same drafts and confidences. Batches that
+    sample (temperature alone; top-k and top-p too; mixed with greedy rows; with and
+    without a draft vocabulary) draw the same drafts from each request's generator, and
+    hand back the same draft distributions."""
     target, model = drafter
+    if vocab:
+        model.set_draft_vocab(SUBSET)
     ids = [int(x) for x in np.random.default_rng(5).integers(0, 256, size=30)]
     features = features_for(target, model, ids)
     greedy = SamplingParams(temperature=0.0)
@@ -146,9 +158,21 @@ def test_a_drafter_with_the_greedy_heads_runner_proposes_what_the_eager_one_does
         assert [len(t) for t in padded.tokens] == [m and max(max_drafts) for m in max_drafts]
         np.testing.assert_allclose(padded.confidences, eager.confidences, rtol=1e-5, atol=1e-6)
         assert (padded.confidences[np.array(max_drafts) == 0] == 0).all()
-    sampling = [greedy, SamplingParams(temperature=1.0), greedy]
-    padded_drafter, _ = propose((8, 64), [4, 4, 4], sampling)
-    assert padded_drafter.heads.num_runs == 0
+    warm, narrow = SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=5)
+    nucleus = SamplingParams(temperature=1.3, top_p=0.8)
+    for params in ([greedy, warm, warm], [narrow, greedy, nucleus], [nucleus] * 3):
+        for max_drafts in ([4, 4, 4], [3, 0, 2]):
+            _, eager = propose(None, max_drafts, params)
+            padded_drafter, padded = propose((8, 64), max_drafts, params)
+            assert padded_drafter.heads.num_runs == 1
+            assert padded.tokens == eager.tokens
+            np.testing.assert_allclose(padded.confidences, eager.confidences, rtol=1e-5, atol=1e-6)
+            for p, got, want in zip(params, padded.draft_probs, eager.draft_probs, strict=True):
+                if p.is_greedy or want is None:
+                    assert got is None and want is None
+                    continue
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+                assert got.shape == (max(max_drafts), model.config.vocab_size)
 
 
 class _ReplayedBody:
@@ -188,18 +212,18 @@ def fake_graph_capture(monkeypatch) -> list[bool]:
     return captured
 
 
-def test_the_greedy_heads_capture_each_depth_and_cover_smaller_row_counts(drafter, monkeypatch):
-    """``GreedyHeads`` on its capturing path (graphs faked on the CPU): the first run of a
-    (row count, depth) with no cover captures it; a smaller row count of the same depth
-    replays that capture (its padding) until the ledger says capture, a new depth never
-    replays another depth's; inside ``exact_shapes`` every shape is its own. Every run
-    gives the eager pass's drafts and confidences for its real rows."""
-    from dspark.engine.drafter import GreedyHeads
+def test_the_heads_capture_each_depth_and_pass_and_cover_smaller_row_counts(drafter, monkeypatch):
+    """``DraftHeads`` on its capturing path (graphs faked on the CPU): the first run of a
+    (row count, depth, pass) with no cover captures it; a smaller row count of the same
+    depth replays that capture (its padding) until the ledger says capture, a new depth
+    or pass never replays another's; inside ``exact_shapes`` every shape is its own.
+    Every run gives the eager pass's drafts and confidences for its real rows."""
+    from dspark.engine.drafter import DraftHeads
 
     captured = fake_graph_capture(monkeypatch)
     _, model = drafter
-    eager = GreedyHeads(model, None, None, max_rows=16, capture=False)
-    heads = GreedyHeads(model, None, None, max_rows=16, capture=False)
+    eager = DraftHeads(model, None, None, max_rows=16, capture=False)
+    heads = DraftHeads(model, None, None, max_rows=16, capture=False)
     heads.capture = True  # (its staging array is not pinned: no CUDA here)
     heads.ledger.budget = 1.0  # a cover of twice the rows wastes 0.5 of a step: two replays
     k, d = model.config.block_size, model.config.hidden_size
@@ -209,20 +233,40 @@ def test_the_greedy_heads_capture_each_depth_and_cover_smaller_row_counts(drafte
         hidden = torch.randn(rows, k, d, generator=rng)
         anchors = np.random.default_rng(rows + 10 * depth).integers(0, 256, rows)
         with torch.inference_mode():
-            got = heads.run(hidden, anchors, depth)
-            want = eager.run(hidden, anchors, depth)
+            got = heads.run(hidden, anchors, depth, _greedy_rows(rows))
+            want = eager.run(hidden, anchors, depth, _greedy_rows(rows))
         assert torch.equal(got[0], want[0])
         torch.testing.assert_close(got[1], want[1])
 
     check(16, 3)
-    assert list(heads.graphs) == [(16, 3)] and captured == [True]
+    assert list(heads.graphs) == [(16, 3, "greedy")] and captured == [True]
     check(8, 3)  # covered by (16, 3): its waste is 8 / 16 = 0.5
     check(8, 2)  # no depth-2 graph covers it: captured
-    assert list(heads.graphs) == [(16, 3), (8, 2)]
+    assert list(heads.graphs) == [(16, 3, "greedy"), (8, 2, "greedy")]
     check(8, 3)  # the second cover spends the budget: captured now
-    assert set(heads.graphs) == {(16, 3), (8, 2), (8, 3)}
+    assert {shape[:2] for shape in heads.graphs} == {(16, 3), (8, 2), (8, 3)}
     assert captured == [True, False, False] and heads.num_captures == 3
     heads.exact_shapes = True
     check(4, 3)  # its own shape, not the (8, 3) cover
-    assert (4, 3) in heads.graphs and heads.num_captures == 4
+    assert (4, 3, "greedy") in heads.graphs and heads.num_captures == 4
     assert heads.num_runs == 5 and heads.pool == "pool" and heads.capture_seconds > 0
+    # A sampling batch is a pass of its own: no greedy graph covers it, and its drafts
+    # and distributions are the eager body's for the same generators.
+    heads.exact_shapes = False
+    hidden = torch.randn(8, k, d, generator=rng)
+    anchors = np.arange(8) + 3
+    params = [SamplingParams(temperature=0.9), SamplingParams(temperature=0.0)] * 4
+
+    def rows():
+        out = _greedy_rows(8)
+        for i, p in enumerate(params):
+            out[i].params = p
+            out[i].generator = torch.Generator().manual_seed(i)
+        return out
+
+    with torch.inference_mode():
+        got = heads.run(hidden, anchors, 3, rows())
+        want = eager.run(hidden, anchors, 3, rows())
+    assert (8, 3, "sampled") in heads.graphs and heads.num_captures == 5
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[2][0::2], want[2][0::2])

@@ -150,12 +150,15 @@ def exact_first_two(loaded, prompt, live: int) -> tuple[np.ndarray, np.ndarray]:
     return bucket(first), bucket(second)
 
 
-@pytest.mark.parametrize("draft_vocab", [None, [0, 2, 3, 6, 7, 8]])
-def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(tmp_path, draft_vocab):
+@pytest.mark.parametrize(
+    ("draft_vocab", "padded"), [(None, False), (None, True), ([0, 2, 3, 6, 7, 8], False)]
+)
+def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(tmp_path, draft_vocab, padded):
     """Losslessness must survive the budget, the allocation and the drafter's own draft
     distribution: at temperature 1 the first two tokens follow the target exactly. With a
     draft vocabulary that leaves out half of the target's likely tokens (1, 4, 5), those
-    can only come from the residual distribution."""
+    can only come from the residual distribution. ``padded``: padded steps, the drafter's
+    heads sampling in ``DraftHeads`` as on a GPU."""
     from dspark.engine.drafter import DSparkDrafter
     from tests.models.test_drafter import random_drafter
 
@@ -176,8 +179,9 @@ def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(tmp_path, dr
             # confidences say: plans corrected by outcomes would rightly stop verifying
             # them, and this test needs them verified.
             calibrate_survival=draft_vocab is None,
+            cuda_graphs="on" if padded else "off",
         ),
-        drafter=DSparkDrafter(drafter, 8192, 16),
+        drafter=DSparkDrafter(drafter, 8192, 16, graphs=(64, 256) if padded else None),
         cost_model=CheapCost(3),
     )
     requests = [
@@ -192,6 +196,8 @@ def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(tmp_path, dr
     # almost never picks) and rejected, so both acceptance and the residual are exercised.
     extra = 300 if draft_vocab is None else 30
     assert engine.stats.num_accepted > engine.stats.num_decode_rounds + extra
+    if padded:
+        assert engine.drafter.heads.num_runs == len(engine.stats.drafter_ms) > 0
     for position, exact in ((0, exact1), (1, exact2)):
         tokens = np.array([r.output_ids[position] for r in requests])
         counts = np.bincount(np.minimum(tokens, live), minlength=live + 1).astype(float)

@@ -145,7 +145,7 @@ def test_greedy_output_with_padded_steps_equals_unpadded(tmp_path, spec):
     assert engine.graphs.num_runs >= engine.stats.num_steps - 2  # a 64+-token prompt chunk
     if spec != "none":  # every block pass but those with no request ready to draft
         assert len(engine.stats.drafter_ms) - 2 <= engine.drafter.graphs.num_runs > 0
-        # and its greedy heads, padded too (``GreedyHeads``), unless switched off
+        # and its greedy heads, padded too (``DraftHeads``), unless switched off
         assert engine.drafter.heads.num_runs == engine.drafter.graphs.num_runs
         assert engine.drafter.heads in engine.padded_runners()
         _, eager_heads = run(

@@ -63,7 +63,7 @@ class DSparkDrafter:
     ) -> None:
         """``graphs``: ``(max_num_seqs, max_model_len)`` to run the block pass and the
         context updates as padded steps (``dspark.engine.graphs``; captured as CUDA
-        graphs on a GPU), and with ``head_graphs`` the greedy heads too (``GreedyHeads``);
+        graphs on a GPU), and with ``head_graphs`` the heads too (``DraftHeads``);
         None: eager."""
         self.model = model
         self.num_positions = model.config.block_size
@@ -87,7 +87,7 @@ class DSparkDrafter:
         self.lengths: dict[str, int] = {}  # context positions cached per request
         self.graphs: PaddedStepRunner | None = None
         self.context_graphs: ContextWriter | None = None
-        self.heads: GreedyHeads | None = None
+        self.heads: DraftHeads | None = None
         self.calibration = model.calibration_tensors(self.device)
         if graphs is not None:
             max_num_seqs, max_model_len = graphs
@@ -109,7 +109,7 @@ class DSparkDrafter:
                 capture=capture,
             )
             if head_graphs:
-                self.heads = GreedyHeads(
+                self.heads = DraftHeads(
                     model, self.head_weight, self.vocab_ids, max_num_seqs, capture
                 )
 
@@ -194,10 +194,8 @@ class DSparkDrafter:
         queries = np.full(len(chosen), k)
         shape = None if self.graphs is None else self.graphs.shape_for(anchor_pos, queries)
         heads = self.heads
-        if heads is not None and not (
-            heads.fits(len(chosen)) and all(r.params.is_greedy for r in chosen)
-        ):
-            heads = None  # sampling rows draw from their generators: eager heads
+        if heads is not None and not heads.fits(len(chosen)):
+            heads = None
         # The eager heads take the anchors as a tensor, copied before the block pass is
         # queued: a copy out of pageable memory waits for the device to finish its work.
         anchors = None if heads is not None else torch.from_numpy(anchor_ids).to(self.device)
@@ -219,7 +217,12 @@ class DSparkDrafter:
         depth = int(max(max_drafts[i] for i in ready))
         sampled_probs: list[torch.Tensor | None] = [None] * len(chosen)
         if heads is not None:
-            drafted, computed = heads.run(hidden, anchor_ids, depth)  # computed: [ready, K]
+            # computed: [ready, K]; row_probs: [ready, depth, V] when a request samples
+            drafted, computed, row_probs = heads.run(hidden, anchor_ids, depth, chosen)
+            if row_probs is not None:
+                sampled_probs = [
+                    None if r.params.is_greedy else row_probs[row] for row, r in enumerate(chosen)
+                ]
         else:
             drafted, sampled_probs, conf_logits = self._sample(chosen, hidden, anchors, depth)
             computed = None
@@ -353,7 +356,7 @@ K); a larger update (a long prompt chunk, held-back upkeep run in one batch) run
 
 class _RowGraphs:
     """What the drafter's padded row-count runners share (``ContextWriter``,
-    ``GreedyHeads``): the padded sizes, the capture bookkeeping the engine reads
+    ``DraftHeads``): the padded sizes, the capture bookkeeping the engine reads
     (``ledger``, ``exact_shapes``, ``num_captures``, ``capture_seconds``) and capturing."""
 
     def __init__(self, max_rows: int, capture: bool, waste: Callable) -> None:
@@ -460,22 +463,32 @@ class ContextWriter(_RowGraphs):
         )
 
 
-class GreedyHeads(_RowGraphs):
-    """The Markov head's greedy pass over a proposal's block outputs (every position's
-    argmax, its confidence, then the calibrated confidences) as padded, replayable steps:
-    one CUDA graph per (padded row count, depth) when ``capture``, captured as the padded
-    steps' shapes are (``CaptureLedger``: a larger row count of the same depth covers a
+GREEDY, SAMPLED, FILTERED = "greedy", "sampled", "filtered"
+"""``DraftHeads`` passes: every row greedy; some rows sampling with temperature alone;
+some with a top-k or top-p cut too (two sorts a position, which the others skip)."""
+
+
+class DraftHeads(_RowGraphs):
+    """The Markov head's pass over a proposal's block outputs (each position's draft and
+    confidence, then the calibration) as padded, replayable steps: one CUDA graph per
+    (padded row count, depth, pass) when ``capture``, captured as the padded steps'
+    shapes are (``CaptureLedger``: a larger row count of the same depth and pass covers a
     new one until covering it has cost what a capture does).
 
     Eagerly each position is a dozen small kernels (the Markov memory, the LM head, the
-    confidence head, the argmax), bound by launches on a GPU: about 0.13 ms a position
-    for SmolLM2's drafter at 16 requests on an H200. Replayed, a position costs its
-    kernels' device time. The rows pad to ``token_sizes``; padding rows hold
-    whatever earlier proposals left there, and every operation is per row, so they change
-    no real row. Without ``capture`` (CPU, tests) the same padded body runs eagerly.
+    confidence head, the argmax; a sampling batch adds its distributions and draws),
+    bound by launches on a GPU: about 0.13 ms a greedy position for SmolLM2's drafter at
+    16 requests on an H200. Replayed, a position costs its kernels' device time. The rows
+    pad to ``token_sizes``; padding rows hold whatever earlier proposals left there, and
+    every operation is per row, so they change no real row. Without ``capture`` (CPU,
+    tests) the same padded body runs eagerly.
 
-    Greedy rows only: a sampling row draws from its own generator, which a graph cannot
-    replay (``DSparkDrafter.propose`` runs such batches eagerly).
+    Sampling rows carry their temperature, top-k and top-p as per-row values and their
+    uniforms, drawn from each request's generator before the replay as the eager heads
+    draw them, so one graph serves any mix of sampling parameters. A sampling row's
+    distribution is ``target_probs``' (temperature, then top-k, then top-p) and its draft
+    the inverse-CDF draw from it; the distributions come back for verification, which
+    makes the drafts lossless whatever rounding separates them from the eager heads'.
     """
 
     def __init__(
@@ -486,42 +499,70 @@ class GreedyHeads(_RowGraphs):
         max_rows: int,
         capture: bool,
     ) -> None:
-        # Covers: a larger row count of the same depth (a deeper pass would change the
-        # confidences it fills in past the depth).
+        # Covers: a larger row count of the same depth and pass (a deeper pass would
+        # change the confidences it fills in past the depth).
         super().__init__(
             max_rows,
             capture,
             lambda shape, cover: (
-                row_padding_waste(shape[0], cover[0]) if shape[1] == cover[1] else None
+                row_padding_waste(shape[0], cover[0]) if shape[1:] == cover[1:] else None
             ),
         )
         self.model, self.head_weight, self.vocab_ids = model, head_weight, vocab_ids
-        self.num_positions = model.config.block_size
+        self.num_positions = k = model.config.block_size
         param = next(model.parameters())
+        device = param.device
         self.hidden = torch.zeros(
-            max_rows,
-            self.num_positions,
-            model.config.hidden_size,
-            dtype=param.dtype,
-            device=param.device,
+            max_rows, k, model.config.hidden_size, dtype=param.dtype, device=device
         )
-        self.anchors = torch.zeros(max_rows, dtype=torch.int64, device=param.device)
-        self.staging = torch.zeros(max_rows, dtype=torch.int64, pin_memory=capture)
-        self.calibration = model.calibration_tensors(param.device)
-        self.graphs: dict[tuple[int, int], tuple] = {}  # (rows, depth) -> (graph, outputs)
+        # Per row: the anchor token, then for sampling passes the temperature and top-p
+        # (float64 bits), top-k (columns kept) and whether the row is greedy.
+        self.staging = torch.zeros(5 * max_rows, dtype=torch.int64, pin_memory=capture)
+        self.rows = torch.zeros(5 * max_rows, dtype=torch.int64, device=device)
+        self.anchors, temperature, top_p, self.top_k, greedy = self.rows.view(5, max_rows)
+        self.temperature = temperature.view(torch.float64)
+        self.top_p = top_p.view(torch.float64)
+        self.is_greedy = greedy
+        self.uniforms = torch.zeros(max_rows, k, dtype=torch.float64, device=device)
+        self.no_uniforms = torch.zeros(k, dtype=torch.float64, device=device)
+        self.probs: torch.Tensor | None = None  # [max_rows, K, V], made at the first sample
+        # Padding rows sample too (their drafts are dropped): with valid parameters.
+        columns = model.config.vocab_size if vocab_ids is None else len(vocab_ids)
+        blocks = self.staging.numpy().reshape(5, max_rows)
+        blocks[1].view(np.float64)[:] = 1.0
+        blocks[2].view(np.float64)[:] = 1.0
+        blocks[3], blocks[4] = columns, 1
+        self.rows.copy_(self.staging)
+        self.calibration = model.calibration_tensors(device)
+        self.graphs: dict[tuple[int, int, str], tuple] = {}  # shape -> (graph, outputs)
 
     def run(
-        self, hidden: torch.Tensor, anchor_ids: np.ndarray, depth: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Greedy drafts ``[n, depth]`` (token ids) for block outputs ``hidden`` ``[n, K,
-        d]`` after the anchors ``anchor_ids`` ``[n]``, and the calibrated confidences
-        ``[n, K]``, positions past ``depth`` holding the deepest one computed (None
-        without a confidence head). Views of this runner's buffers: read them before the
-        next ``run``."""
+        self,
+        hidden: torch.Tensor,
+        anchor_ids: np.ndarray,
+        depth: int,
+        requests: Sequence[Request],
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Drafts ``[n, depth]`` (token ids) for block outputs ``hidden`` ``[n, K, d]``
+        of ``requests`` after the anchors ``anchor_ids`` ``[n]``; the calibrated
+        confidences ``[n, K]``, positions past ``depth`` holding the deepest one computed
+        (None without a confidence head); and, when a request samples, every row's draft
+        distributions ``[n, depth, V]`` (a greedy row's unused). Views of this runner's
+        buffers: read them before the next ``run``."""
         num_rows = hidden.shape[0]
-        shape = self._chosen((round_up(self.sizes, num_rows), depth))
-        self._staging_view()[:num_rows] = anchor_ids
-        self._send(self.anchors, num_rows)
+        sampling = [r.params for r in requests if not r.params.is_greedy]
+        kind = GREEDY
+        if sampling:
+            filtered = any(p.top_k or p.top_p < 1.0 for p in sampling)
+            kind = FILTERED if filtered else SAMPLED
+        shape = self._chosen((round_up(self.sizes, num_rows), depth, kind))
+        view = self._staging_view()
+        view[:num_rows] = anchor_ids
+        count = num_rows
+        if kind != GREEDY:
+            self._stage_sampling(view, requests, depth)
+            count = view.shape[0]
+        self._send(self.rows, count)
         self.hidden[:num_rows].copy_(hidden)
         if not self.capture:
             drafted, confidences = self._body(*shape)
@@ -533,15 +574,46 @@ class GreedyHeads(_RowGraphs):
             self.graphs[shape] = (graph, (drafted, confidences))
         if confidences is not None:
             confidences = confidences[:num_rows]
-        return drafted[:num_rows], confidences
+        probs = None if kind == GREEDY else self.probs[:num_rows, :depth]
+        return drafted[:num_rows], confidences, probs
 
-    def _body(self, size: int, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _stage_sampling(self, view: np.ndarray, requests: Sequence[Request], depth: int) -> None:
+        """Each row's sampling parameters into the staging array, and its uniforms (one
+        call per sampling request, as ``_SampledRows`` draws them) into ``uniforms``."""
+        max_rows, num_rows = self.hidden.shape[0], len(requests)
+        vocab = self.model.config.vocab_size if self.vocab_ids is None else len(self.vocab_ids)
+        params = [r.params for r in requests]
+        rows = view.reshape(5, max_rows)[:, :num_rows]
+        rows[1].view(np.float64)[:] = [p.temperature if not p.is_greedy else 1.0 for p in params]
+        rows[2].view(np.float64)[:] = [p.top_p for p in params]
+        rows[3] = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        rows[4] = [p.is_greedy for p in params]
+        device = self.uniforms.device
+        draws = [
+            self.no_uniforms[:depth]
+            if r.params.is_greedy
+            else request_uniforms(r.generator, depth, device)
+            for r in requests
+        ]
+        self.uniforms[:num_rows, :depth].copy_(torch.stack(draws))
+        if self.probs is None:
+            full = self.model.config.vocab_size
+            self.probs = torch.zeros(
+                max_rows, self.num_positions, full, dtype=torch.float32, device=device
+            )
+
+    def _body(self, size: int, depth: int, kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
         model, hidden = self.model, self.hidden[:size]
         previous = self.anchors[:size]  # real token ids: the Markov head embeds them
         drafted, conf_logits = [], []
         for position in range(depth):
             logits, conf = model.heads(hidden[:, position], previous, self.head_weight)
             choice = logits.argmax(dim=-1)
+            if kind != GREEDY:
+                probs = self._row_probs(logits, size, kind == FILTERED)
+                self._keep_probs(probs, size, position)
+                draws = inverse_cdf_draw(probs, self.uniforms[:size, position])
+                choice = torch.where(self.is_greedy[:size] != 0, choice, draws)
             previous = choice if self.vocab_ids is None else self.vocab_ids[choice]
             drafted.append(previous)
             if conf is not None:
@@ -551,6 +623,33 @@ class GreedyHeads(_RowGraphs):
         computed = model.calibrated(torch.stack(conf_logits, dim=1), self.calibration)
         rest = computed[:, -1:].expand(size, self.num_positions - depth)
         return torch.stack(drafted, dim=1), torch.cat([computed, rest], dim=1)
+
+    def _row_probs(self, logits: torch.Tensor, size: int, filtered: bool) -> torch.Tensor:
+        """``target_probs`` with each row's own temperature, top-k and top-p."""
+        logits = logits / self.temperature[:size, None].float()
+        if filtered:
+            ranked = torch.sort(logits, dim=-1, descending=True).values
+            kth = ranked.gather(-1, self.top_k[:size, None] - 1)  # top_k: columns kept
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if not filtered:
+            return probs
+        top_p = self.top_p[:size, None].float()
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
+        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+        nucleus = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+        nucleus = nucleus / nucleus.sum(-1, keepdim=True)
+        return torch.where(top_p < 1.0, nucleus, probs)
+
+    def _keep_probs(self, probs: torch.Tensor, size: int, position: int) -> None:
+        """Position ``position``'s draft distributions into ``probs``, over the whole
+        vocabulary (zeros outside a draft vocabulary, never written)."""
+        out = self.probs[:size, position]
+        if self.vocab_ids is None:
+            out.copy_(probs)
+        else:
+            out.index_copy_(-1, self.vocab_ids, probs)
 
 
 def find_drafter(target: ModelConfig, required: bool = False) -> Path | None:

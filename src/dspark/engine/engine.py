@@ -78,10 +78,10 @@ class EngineConfig:
     # Padded steps replayed as CUDA graphs (``dspark.engine.graphs``): "auto" (on for
     # CUDA), "on" (on CPU: the same padded layout, run eagerly) or "off" (eager, unpadded).
     cuda_graphs: str = "auto"
-    # With padded steps: the drafter's greedy head pass (each position's argmax and
-    # confidence, then the calibration) as one replayed step per row count and depth
-    # (``dspark.engine.drafter.GreedyHeads``) instead of a dozen launches a position;
-    # False: eager heads.
+    # With padded steps: the drafter's head pass (each position's draft, greedy or
+    # sampled, and confidence, then the calibration) as one replayed step per row count,
+    # depth and pass (``dspark.engine.drafter.DraftHeads``) instead of a dozen launches a
+    # position; False: eager heads.
     head_graphs: bool = True
     # CUDA graphs: a shape not captured yet replays a captured one that holds it until the
     # padding adds up to this many steps' worth, then is captured (``CaptureLedger``);
