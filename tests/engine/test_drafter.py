@@ -270,3 +270,46 @@ def test_the_heads_capture_each_depth_and_pass_and_cover_smaller_row_counts(draf
     assert (8, 3, "sampled") in heads.graphs and heads.num_captures == 5
     assert torch.equal(got[0], want[0])
     torch.testing.assert_close(got[2][0::2], want[2][0::2])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_heads_replay_the_eager_heads_on_cuda(drafter):
+    """``DraftHeads`` capturing real CUDA graphs against the same runner eager, on the
+    GPU: greedy, temperature-only and top-k/top-p batches at two row counts and depths,
+    each replayed twice (the second time from the captured graph), with seeded
+    generators: the same drafts and distributions."""
+    from dspark.engine.drafter import DraftHeads
+
+    target, model = drafter
+    target.model.cuda()
+    model = model.cuda()
+    graphed = DraftHeads(model, None, None, max_rows=16, capture=True)
+    eager = DraftHeads(model, None, None, max_rows=16, capture=False)
+    k, d = model.config.block_size, model.config.hidden_size
+    kinds = {
+        "greedy": [SamplingParams(temperature=0.0)],
+        "sampled": [SamplingParams(temperature=0.8), SamplingParams(temperature=0.0)],
+        "filtered": [SamplingParams(temperature=1.2, top_k=7), SamplingParams(top_p=0.6)],
+    }
+
+    def rows(params, count, seed):
+        out = _greedy_rows(count)
+        for i in range(count):
+            out[i].params = params[i % len(params)]
+            out[i].generator = torch.Generator(device="cuda").manual_seed(seed + i)
+        return out
+
+    with torch.inference_mode():
+        for params in kinds.values():
+            for count, depth in ((5, 3), (16, 4)):
+                for repeat in range(2):
+                    hidden = torch.randn(count, k, d, device="cuda")
+                    anchors = np.arange(count) + 10 * repeat
+                    got = graphed.run(hidden, anchors, depth, rows(params, count, repeat))
+                    want = eager.run(hidden, anchors, depth, rows(params, count, repeat))
+                    assert torch.equal(got[0], want[0])
+                    torch.testing.assert_close(got[1], want[1])
+                    if got[2] is not None:
+                        torch.testing.assert_close(got[2], want[2])
+    assert graphed.num_captures >= 3
