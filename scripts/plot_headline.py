@@ -204,6 +204,7 @@ PANELS = [
             # Session 38: two main jobs back to back on 3be362f, the VM slow at 8 rows.
             ("s38 3be362f", "cpu_session38_mainjob_3be362f"),
             ("s38 3be362f", "cpu_session38_mainjob_3be362fb"),
+            ("s38 ebc2880", "cpu_session38_mainjob_ebc2880"),
         ],
     ),
 ]
