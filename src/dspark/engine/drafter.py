@@ -37,6 +37,7 @@ from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from dspark.engine.request import Request
 from dspark.engine.sampling import (
     inverse_cdf_draw,
+    nucleus,
     request_uniforms,
     same_distribution_groups,
     target_probs,
@@ -196,16 +197,16 @@ class DSparkDrafter:
         heads = self.heads
         if heads is not None and not heads.fits(len(chosen)):
             heads = None
-        # The eager heads take the anchors as a tensor, copied before the block pass is
-        # queued: a copy out of pageable memory waits for the device to finish its work.
-        anchors = None if heads is not None else torch.from_numpy(anchor_ids).to(self.device)
+        # The eager heads and block pass take the anchors as a tensor, copied before the
+        # block pass is queued: a copy out of pageable memory waits for the device.
+        anchors = None
+        if heads is None or shape is None:
+            anchors = torch.from_numpy(anchor_ids).to(self.device)
         if shape is not None:  # block ids: the anchor, then -1 for each mask token
             ids = np.full((len(chosen), k), -1, dtype=np.int64)
             ids[:, 0] = anchor_ids
             hidden = self.graphs.run(tables, anchor_pos, queries, ids.ravel(), False, shape)
         else:
-            if anchors is None:
-                anchors = torch.from_numpy(anchor_ids).to(self.device)
             batch = self.cache.attention_batch(tables, anchor_pos, queries, causal=False)
             positions = (anchor_pos[:, None] + np.arange(k)).ravel()
             hidden = self._block_pass(
@@ -227,11 +228,7 @@ class DSparkDrafter:
             drafted, sampled_probs, conf_logits = self._sample(chosen, hidden, anchors, depth)
             computed = None
             if conf_logits is not None:
-                computed = self.model.calibrated(conf_logits, self.calibration)  # [ready, depth]
-                # Positions not computed keep the deepest conditional confidence, so that
-                # the next step's (stale) plan can still reach them.
-                rest = computed[:, -1:].expand(len(chosen), k - depth)
-                computed = torch.cat([computed, rest], dim=1)
+                computed = block_confidences(self.model, conf_logits, self.calibration)
         if while_drafting is not None:  # queued, not waited on: the device drafts meanwhile
             while_drafting()
         drafted_host = drafted.tolist()
@@ -331,6 +328,17 @@ class DSparkDrafter:
         if table is not None:
             self.cache.release(table)
         self.lengths.pop(request.request_id, None)
+
+
+def block_confidences(
+    model: DraftModel, conf_logits: torch.Tensor, calibration: tuple
+) -> torch.Tensor:
+    """Calibrated confidences ``[n, K]`` from the first ``depth`` positions' confidence
+    logits ``[n, depth]``: positions not computed keep the deepest one, so that the next
+    step's (stale) plan can still reach them."""
+    computed = model.calibrated(conf_logits, calibration)
+    rest = computed[:, -1:].expand(-1, model.config.block_size - computed.shape[1])
+    return torch.cat([computed, rest], dim=1)
 
 
 def write_context(
@@ -527,11 +535,11 @@ class DraftHeads(_RowGraphs):
         self.no_uniforms = torch.zeros(k, dtype=torch.float64, device=device)
         self.probs: torch.Tensor | None = None  # [max_rows, K, V], made at the first sample
         # Padding rows sample too (their drafts are dropped): with valid parameters.
-        columns = model.config.vocab_size if vocab_ids is None else len(vocab_ids)
+        self.columns = model.config.vocab_size if vocab_ids is None else len(vocab_ids)
         blocks = self.staging.numpy().reshape(5, max_rows)
         blocks[1].view(np.float64)[:] = 1.0
         blocks[2].view(np.float64)[:] = 1.0
-        blocks[3], blocks[4] = columns, 1
+        blocks[3], blocks[4] = self.columns, 1
         self.rows.copy_(self.staging)
         self.calibration = model.calibration_tensors(device)
         self.graphs: dict[tuple[int, int, str], tuple] = {}  # shape -> (graph, outputs)
@@ -580,13 +588,12 @@ class DraftHeads(_RowGraphs):
     def _stage_sampling(self, view: np.ndarray, requests: Sequence[Request], depth: int) -> None:
         """Each row's sampling parameters into the staging array, and its uniforms (one
         call per sampling request, as ``_SampledRows`` draws them) into ``uniforms``."""
-        max_rows, num_rows = self.hidden.shape[0], len(requests)
-        vocab = self.model.config.vocab_size if self.vocab_ids is None else len(self.vocab_ids)
+        max_rows, num_rows, columns = self.hidden.shape[0], len(requests), self.columns
         params = [r.params for r in requests]
         rows = view.reshape(5, max_rows)[:, :num_rows]
         rows[1].view(np.float64)[:] = [p.temperature if not p.is_greedy else 1.0 for p in params]
         rows[2].view(np.float64)[:] = [p.top_p for p in params]
-        rows[3] = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        rows[3] = [p.top_k if 0 < p.top_k < columns else columns for p in params]
         rows[4] = [p.is_greedy for p in params]
         device = self.uniforms.device
         draws = [
@@ -618,11 +625,12 @@ class DraftHeads(_RowGraphs):
             drafted.append(previous)
             if conf is not None:
                 conf_logits.append(conf)
-        if not conf_logits:
-            return torch.stack(drafted, dim=1), None
-        computed = model.calibrated(torch.stack(conf_logits, dim=1), self.calibration)
-        rest = computed[:, -1:].expand(size, self.num_positions - depth)
-        return torch.stack(drafted, dim=1), torch.cat([computed, rest], dim=1)
+        confidences = None
+        if conf_logits:
+            confidences = block_confidences(
+                model, torch.stack(conf_logits, dim=1), self.calibration
+            )
+        return torch.stack(drafted, dim=1), confidences
 
     def _row_probs(self, logits: torch.Tensor, size: int, filtered: bool) -> torch.Tensor:
         """``target_probs`` with each row's own temperature, top-k and top-p."""
@@ -635,12 +643,7 @@ class DraftHeads(_RowGraphs):
         if not filtered:
             return probs
         top_p = self.top_p[:size, None].float()
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
-        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
-        nucleus = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-        nucleus = nucleus / nucleus.sum(-1, keepdim=True)
-        return torch.where(top_p < 1.0, nucleus, probs)
+        return torch.where(top_p < 1.0, nucleus(probs, top_p), probs)
 
     def _keep_probs(self, probs: torch.Tensor, size: int, position: int) -> None:
         """Position ``position``'s draft distributions into ``probs``, over the whole

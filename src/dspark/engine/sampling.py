@@ -45,13 +45,18 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
-        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = nucleus(probs, params.top_p)
     return probs
+
+
+def nucleus(probs: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
+    """``probs`` ``[N, V]`` cut to the smallest prefix, by descending probability, whose
+    mass reaches ``top_p`` (a float, or ``[N, 1]`` per row), renormalised; the top token
+    always stays."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    drop = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+    kept = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+    return kept / kept.sum(-1, keepdim=True)
 
 
 def same_distribution_groups(params: Sequence[SamplingParams]) -> list[list[int]]:
