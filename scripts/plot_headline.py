@@ -80,6 +80,12 @@ PANELS = [
             ("s38 3be362f", "h200/session38/b8_s38_c1"),
             ("s38 3be362f", "h200/session38/b8_s38_m2_c16"),
             ("s38 3be362f", "h200/session38/b8_s38_m2_c4"),
+            # Session 39 (31da6fe): every level on one machine, the current code.
+            ("s39 31da6fe", "h200/session39/b8_s39_c1"),
+            ("s39 31da6fe", "h200/session39/b8_s39_c4"),
+            ("s39 31da6fe", "h200/session39/b8_s39_c16"),
+            ("s39 31da6fe", "h200/session39/b8_s39_c64"),
+            ("s39 31da6fe", "h200/session39/b8_s39_c256"),
         ],
     ),
     (
@@ -140,6 +146,13 @@ PANELS = [
             ("s38 3be362f", "h200/session38/s38_c16"),
             ("s38 3be362f", "h200/session38/s38_m_c1"),
             ("s38 3be362f", "h200/session38/s38_m_c16"),
+            # Session 39 (31da6fe), greedy: 24 requests at 1 (twice), 4 to 256.
+            ("s39 31da6fe", "h200/session39/s39_w_c1"),
+            ("s39 31da6fe", "h200/session39/s39_w1b"),
+            ("s39 31da6fe", "h200/session39/s39_c4"),
+            ("s39 31da6fe", "h200/session39/s39_c16"),
+            ("s39 31da6fe", "h200/session39/s39_c64"),
+            ("s39 31da6fe", "h200/session39/s39_c256"),
         ],
     ),
     (
@@ -267,17 +280,16 @@ def bench_rows(path: Path) -> list[dict]:
     ]
 
 
-# The 8B shape's levels on the current code (session 36: 78810c0 with
-# overhead_slope_noise on, the default since, run as the "sn" variant; 1 from session
-# 37's six repeats): (folder, the row
-# of adaptive at the defaults), drawn as "adaptive≤7" with the run's other adaptive rows
-# left out.
+# The 8B shape's levels on the current code (session 39: 31da6fe, every level on one
+# machine; session 36's sweep, 78810c0, is in docs/results/bench/h200/session36/):
+# (folder, the row of adaptive at the defaults), drawn as "adaptive≤7" with the run's
+# other adaptive rows left out.
 SWEEP_8B = [
-    ("h200/session37/b8_c1", "adaptive≤7"),  # six repeats on ea36ce2 (session 37)
-    ("h200/session36/b8_c4sn", "adaptive≤7 sn"),
-    ("h200/session36/b8_c16sn", "adaptive≤7 sn"),
-    ("h200/session36/b8_c64sn", "adaptive≤7 sn"),
-    ("h200/session36/b8_c256sn", "adaptive≤7 sn"),
+    ("h200/session39/b8_s39_c1", "adaptive≤7"),
+    ("h200/session39/b8_s39_c4", "adaptive≤7"),
+    ("h200/session39/b8_s39_c16", "adaptive≤7"),
+    ("h200/session39/b8_s39_c64", "adaptive≤7"),
+    ("h200/session39/b8_s39_c256", "adaptive≤7"),
 ]
 
 
@@ -309,7 +321,7 @@ def plot_merged_sweep(folders: list[tuple[str, str]], out: Path, title: str) -> 
 def main() -> None:
     plot_merged_sweep(
         SWEEP_8B,
-        RESULTS / "h200" / "session36" / "b8_levels.png",
+        RESULTS / "h200" / "session39" / "b8_levels.png",
         "H200, Llama-3-8B shape, acceptance REPLAYED; fixed Ks as run at each level",
     )
     import matplotlib
