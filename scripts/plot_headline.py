@@ -218,6 +218,8 @@ PANELS = [
             ("s38 3be362f", "cpu_session38_mainjob_3be362f"),
             ("s38 3be362f", "cpu_session38_mainjob_3be362fb"),
             ("s38 ebc2880", "cpu_session38_mainjob_ebc2880"),
+            # Session 39: the main job's settings, four repeats, with depth_ceiling beside.
+            ("s39 ceiling", "cpu_session39_dc"),
         ],
     ),
 ]

@@ -119,6 +119,50 @@ def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(tmp_path, 
     assert (shared > 0) == (lookahead == "on")
 
 
+def restless_ceiling(k):
+    """A depth ceiling that moves on any measured difference after two steps an arm and
+    searches again two steps after it settles: its steps draft at many depths below what
+    the cost model chose."""
+    from dspark.scheduling.ceiling import DepthCeiling
+
+    return DepthCeiling(k, window=4, min_steps=2, explore_every=2, confidence=0.0, reopen_after=2)
+
+
+def test_greedy_speculation_under_a_depth_ceiling_equals_plain_greedy(tmp_path):
+    """``depth_ceiling``: the ceiling caps the depth before the drafter runs, from past
+    steps' timings only, so greedy output is unchanged while the depths it drafts move."""
+    from dspark.engine.drafter import DSparkDrafter
+    from tests.models.test_drafter import random_drafter
+
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    drafter = random_drafter(target, block_size=5)
+    prompts = repetitive_prompts(10)
+    plain, _ = run(target, prompts)
+    for lookahead in ("off", "on"):
+        config = EngineConfig(
+            spec="adaptive",
+            num_drafts=5,
+            max_num_seqs=4,
+            throughput_gate=False,
+            lookahead=lookahead,
+            depth_ceiling=True,
+        )
+        engine = LLMEngine(
+            target, config, drafter=DSparkDrafter(drafter, 16384, 16), cost_model=CheapCost(1)
+        )
+        assert engine.ceiling is not None and engine.ceiling.max_depth == 5
+        engine.ceiling = restless_ceiling(5)
+        requests = [engine.add_request(p, GREEDY) for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        out = [RequestOutput.from_request(r) for r in requests]
+        assert [o.token_ids for o in out] == [o.token_ids for o in plain]
+        # the ceiling moved and cut depths the cheap cost model wanted full
+        assert engine.ceiling.moves > 0 and engine.stats.ceiling_cuts > 0
+        assert sum(n for depth, n in engine.stats.depth_steps.items() if 0 < depth < 5) > 0
+    assert EngineConfig(spec="adaptive").depth_ceiling is False  # off by default
+
+
 def concentrated_model(tmp_path, live: int = 6):
     """A tiny target whose next token is almost always one of ``live`` tokens, so a
     drafter sharing its LM head gets drafts accepted often at temperature 1."""
@@ -151,14 +195,23 @@ def exact_first_two(loaded, prompt, live: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize(
-    ("draft_vocab", "padded"), [(None, False), (None, True), ([0, 2, 3, 6, 7, 8], False)]
+    ("draft_vocab", "padded", "ceiling"),
+    [
+        (None, False, False),
+        (None, True, False),
+        ([0, 2, 3, 6, 7, 8], False, False),
+        (None, False, True),
+    ],
 )
-def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(tmp_path, draft_vocab, padded):
+def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(
+    tmp_path, draft_vocab, padded, ceiling
+):
     """Losslessness must survive the budget, the allocation and the drafter's own draft
     distribution: at temperature 1 the first two tokens follow the target exactly. With a
     draft vocabulary that leaves out half of the target's likely tokens (1, 4, 5), those
     can only come from the residual distribution. ``padded``: padded steps, the drafter's
-    heads sampling in ``DraftHeads`` as on a GPU."""
+    heads sampling in ``DraftHeads`` as on a GPU. ``ceiling``: a depth ceiling that moves
+    on every measured difference caps the depths drafted."""
     from dspark.engine.drafter import DSparkDrafter
     from tests.models.test_drafter import random_drafter
 
@@ -180,24 +233,34 @@ def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(tmp_path, dr
             # them, and this test needs them verified.
             calibrate_survival=draft_vocab is None,
             cuda_graphs="on" if padded else "off",
+            depth_ceiling=ceiling,
         ),
         drafter=DSparkDrafter(drafter, 8192, 16, graphs=(64, 256) if padded else None),
         cost_model=CheapCost(3),
     )
-    requests = [
-        engine.add_request(
-            prompt, SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=i)
-        )
-        for i in range(2000)
-    ]
-    while engine.has_unfinished():
-        engine.step()
+    # With the ceiling, the requests come in waves of 64: the ceiling caps steps of
+    # decodes alone, which a queue of 2000 leaves only at its end.
+    wave = 64 if ceiling else 2000
+    if ceiling:
+        engine.ceiling = restless_ceiling(3)
+    requests = []
+    for first in range(0, 2000, wave):
+        requests += [
+            engine.add_request(
+                prompt, SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=i)
+            )
+            for i in range(first, first + wave)
+        ]
+        while engine.has_unfinished():
+            engine.step()
     # Drafts were accepted (fewer from the subset: its tokens 6-8 are ones the target
     # almost never picks) and rejected, so both acceptance and the residual are exercised.
     extra = 300 if draft_vocab is None else 30
     assert engine.stats.num_accepted > engine.stats.num_decode_rounds + extra
     if padded:
         assert engine.drafter.heads.num_runs == len(engine.stats.drafter_ms) > 0
+    if ceiling:
+        assert engine.ceiling.moves > 0 and engine.stats.ceiling_cuts > 0
     for position, exact in ((0, exact1), (1, exact2)):
         tokens = np.array([r.output_ids[position] for r in requests])
         counts = np.bincount(np.minimum(tokens, live), minlength=live + 1).astype(float)

@@ -162,6 +162,7 @@ class Measurement:
     tok_s_wall: float = 0.0  # generated tokens over the whole wall time, captures included
     undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
     gate_vetoes: int = 0  # adaptive: of those, the throughput gate's (the model drafted)
+    ceiling_cuts: int = 0  # adaptive: drafted steps the depth ceiling drafted shallower
     probes: int = 0  # adaptive: drafted steps the cost model declined (the gate's probes)
     depth_steps: list[int] = field(default_factory=list)  # adaptive: steps by depth 0..K
     lookahead_hits: int = 0  # adaptive: drafting decisions taken during the previous forward
@@ -213,8 +214,8 @@ def host_probe_ms(tries: int = PROBE_TRIES) -> float:
 def learnt_state(engine: LLMEngine, num_reqs: int) -> dict:
     """Adaptive: the drafter's price by depth for ``num_reqs`` requests (index 0: what an
     undrafted step adds), the measured overhead lines (``ObservedDraftCost``), the
-    population's survival by position and how well a request's rounds predict its next
-    (empty for fixed K and no speculation)."""
+    population's survival by position, how well a request's rounds predict its next and,
+    with ``depth_ceiling``, the ceilings found (empty for fixed K and no speculation)."""
     verifier = getattr(engine, "verifier", None)
     if verifier is None:
         return {}
@@ -232,6 +233,9 @@ def learnt_state(engine: LLMEngine, num_reqs: int) -> dict:
         state["overhead_lines"] = {
             kind: [round(float(a), 4), round(float(b), 4)] for kind, (a, b) in lines().items()
         }
+    ceiling = getattr(engine, "ceiling", None)
+    if ceiling is not None:  # each batch-size bucket's depth ceiling, by its smallest size
+        state["depth_ceilings"] = {str(n): c for n, c in sorted(ceiling.ceilings().items())}
     return state
 
 
@@ -339,6 +343,7 @@ def measure(
         tok_s_wall=tokens / seconds,
         undrafted_steps=stats.undrafted_steps,
         gate_vetoes=stats.gate_vetoes,
+        ceiling_cuts=stats.ceiling_cuts,
         probes=stats.probes,
         lookahead_hits=stats.lookahead_hits,
         lookahead_reused=stats.lookahead_reused,
@@ -614,6 +619,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "tok_s_wall",
         "undrafted_steps",
         "gate_vetoes",
+        "ceiling_cuts",
         "probes",
         "lookahead_hits",
         "lookahead_us_per_step",

@@ -36,6 +36,7 @@ from dspark.models.llama import forget_small_rows, tune_small_rows
 from dspark.models.loader import LoadedModel
 from dspark.ops import allocate_drafts_torch
 from dspark.scheduling import AdaptiveVerifier, StepCostModel, allocate_drafts
+from dspark.scheduling.ceiling import DepthCeiling
 from dspark.scheduling.cost import ObservedDraftCost
 from dspark.scheduling.gate import ALONE_CONFIDENCE, ALONE_WINDOW, ThroughputGate
 
@@ -198,6 +199,12 @@ class EngineConfig:
     # Adaptive: drafting must promise more than this share above the tokens per ms of not
     # drafting (``AdaptiveVerifier.draft_margin``; 0: any promised gain drafts).
     draft_margin: float = 0.0
+    # Adaptive: cap the drafting depth the cost model chooses at a ceiling searched per
+    # batch size by measured tokens per ms (``dspark.scheduling.ceiling.DepthCeiling``).
+    # Off by default: made after session 39 found SmolLM2 on an H200 at 16 requests
+    # 0.923x K = 4 drafting up to 7 deep and 1.028x K = 4 held to 4 deep; not yet run on
+    # a GPU (``--variant dc:depth_ceiling=on``).
+    depth_ceiling: bool = False
     # CPU: products of 1-64 rows (a verify step's K + 1 per request) run as whichever of
     # F.linear and weight @ x.T measured faster on this machine at start-up, over the
     # target's own weights, padded with zero rows to a larger count where that measured
@@ -283,6 +290,7 @@ class EngineStats:
     schedule_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     undrafted_steps: int = 0  # adaptive: steps where drafting would not have paid
     gate_vetoes: int = 0  # adaptive: of those, steps the cost model drafted but the gate not
+    ceiling_cuts: int = 0  # adaptive: drafted steps drafted shallower by the depth ceiling
     probes: int = 0  # adaptive: drafted steps the cost model declined (``should_probe``)
     # Adaptive: drafted steps whose budget verified fewer drafts than were proposed.
     budget_cuts: int = 0
@@ -424,6 +432,8 @@ class LLMEngine:
         self.drafter: Drafter | None = None
         self.verifier: AdaptiveVerifier | None = None
         self.gate: ThroughputGate | None = None
+        self.ceiling: DepthCeiling | None = None
+        self._ceiling_arm: tuple[int, int] | None = None  # this step's, to record its outcome
         # Adaptive: this step's (requests, non-draft tokens, drafting depth, context), for
         # the gate and a cost model that learn from whole steps, and for held-back upkeep.
         self._priced_step: tuple[int, int, int, int] | None = None
@@ -534,6 +544,7 @@ class LLMEngine:
                 if config.throughput_gate
                 else None
             )
+            self.ceiling = DepthCeiling(config.num_drafts) if config.depth_ceiling else None
             self.lookahead = config.lookahead == "on" or (
                 config.lookahead == "auto" and self.device.type == "cuda"
             )
@@ -643,6 +654,7 @@ class LLMEngine:
         generated, captures = self.stats.num_generated, self.num_captures()
         self._priced_step = None
         self._overruled = False
+        self._ceiling_arm = None
         self._held_back = False
         self._unrecorded = None  # recorded in every forward; left only by a failed step
         self._unrecorded_draft = None
@@ -720,6 +732,9 @@ class LLMEngine:
                 if self._held_back and self.upkeep_ms_per_step is not None:
                     gate_ms += self.upkeep_ms_per_step
                 self.gate.record(num_reqs, depth > 0, tokens, gate_ms, mixed, self._overruled)
+            if self._ceiling_arm is not None:
+                tokens = self.stats.num_generated - generated
+                self.ceiling.record(self._ceiling_arm, tokens, wall_ms)
             record_step = getattr(self.verifier.cost_model, "record_step", None)
             if record_step is not None and not mixed:
                 admitted = sum(len(extra) for extra in drafts)
@@ -1045,6 +1060,18 @@ class LLMEngine:
             depth = self.verifier.probe_depth  # keep the price of drafting measured
             self.stats.probes += bool(depth)
             self._overruled = bool(depth)
+        if depth and self.ceiling is not None and not mixed and not self._overruled:
+            # Measured: how deep this batch size's steps pay to draft. A budget planned
+            # ahead for the deeper depth would not match the drafts (``_admit_adaptively``
+            # plans again then); dropped now, the step's own plan runs while the drafter
+            # does (``_plan_while_drafting``).
+            capped, self._ceiling_arm = self.ceiling.decide(num_reqs, depth)
+            if capped < depth:
+                depth = capped
+                self.stats.ceiling_cuts += 1
+                planned = self._planned
+                if planned is not None and planned[0] == self._step_index:
+                    self._planned = None
         self.stats.depth_steps[depth] += 1
         self._priced_step = (num_reqs, num_tokens, depth, batch.context)
         if depth == 0:
