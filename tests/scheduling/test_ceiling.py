@@ -152,3 +152,16 @@ def test_bad_steps_are_refused():
         ceiling.record(arm, 5, 0.0)
     with pytest.raises(ValueError, match="token count"):
         ceiling.record(arm, -1, 1.0)
+
+
+def test_each_judgement_starts_both_windows_afresh():
+    # A kept window would compare steps of one pair's subset with another's: a move from
+    # 3 to 2 is judged again only on steps measured after it, on both arms.
+    ceiling = DepthCeiling(3, window=4, min_steps=2, explore_every=2, confidence=0.5)
+    search = None
+    while ceiling.moves == 0:
+        depth, arm = ceiling.decide(2, 3)
+        ceiling.record(arm, 10, float(depth))
+        search = ceiling._searches[arm[0]]
+    assert search.ceiling == 2 and search.trial == 1
+    assert [len(w.steps) for w in search.windows] == [0, 0]

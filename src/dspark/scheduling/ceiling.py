@@ -29,6 +29,8 @@ buckets of ``ThroughputGate``: 1, 2-3, 4-7, ...), and searches for it by measure
   - A trial clearly behind, or not clearly ahead once its window is full, narrows the
     range to exclude it. A tie keeps the incumbent: the cost model's choice stands
     unless measurement beats it.
+  - Either way both windows start afresh. The next pair differs on other steps, and
+    steps kept from the last pair would make the windows unlike.
 - **Settled.** When the range holds the incumbent alone, nothing is explored.
   - After ``reopen_after`` settled decisions, the range reopens to the incumbent's
     neighbours, so a workload that changes is followed.
@@ -179,16 +181,18 @@ class DepthCeiling:
             else:
                 search.lo = search.ceiling + 1
             search.ceiling = t
-            search.windows = [trial, _Window(self.window)]  # its steps were at t
             self.moves += 1
         elif rate_i - rate_t > margin or len(trial.steps) == self.window:
             if t < search.ceiling:
                 search.lo = t + 1
             else:
                 search.hi = t - 1
-            search.windows[TRIAL] = _Window(self.window)
         else:
             return
+        # Both windows start afresh: the next pair is told apart on other steps (those
+        # deeper than the lower of its two ceilings), and a window kept from the last
+        # pair would hold steps the other arm's never can.
+        search.windows = [_Window(self.window), _Window(self.window)]
         search.since_trial = 0
         search.trial = search._next_trial()
         search.settled_for = 0
