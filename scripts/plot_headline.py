@@ -220,6 +220,7 @@ PANELS = [
             ("s38 ebc2880", "cpu_session38_mainjob_ebc2880"),
             # Session 39: the main job's settings, four repeats, with depth_ceiling beside.
             ("s39 ceiling", "cpu_session39_dc"),
+            ("s39 22c037d", "cpu_session39_mainjob_22c037d"),
         ],
     ),
 ]
