@@ -122,10 +122,22 @@ def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(tmp_path, 
 def restless_ceiling(k):
     """A depth ceiling that moves on any measured difference after two steps an arm and
     searches again two steps after it settles: its steps draft at many depths below what
-    the cost model chose."""
+    the cost model chose. It counts the arms it hands out and the records it gets."""
     from dspark.scheduling.ceiling import DepthCeiling
 
-    return DepthCeiling(k, window=4, min_steps=2, explore_every=2, confidence=0.0, reopen_after=2)
+    class Counting(DepthCeiling):
+        handed = recorded = 0
+
+        def decide(self, num_reqs, depth):
+            capped, arm = super().decide(num_reqs, depth)
+            self.handed += arm is not None
+            return capped, arm
+
+        def record(self, arm, tokens, wall_ms):
+            self.recorded += 1
+            super().record(arm, tokens, wall_ms)
+
+    return Counting(k, window=4, min_steps=2, explore_every=2, confidence=0.0, reopen_after=2)
 
 
 def test_greedy_speculation_under_a_depth_ceiling_equals_plain_greedy(tmp_path):
@@ -136,7 +148,7 @@ def test_greedy_speculation_under_a_depth_ceiling_equals_plain_greedy(tmp_path):
 
     target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
     drafter = random_drafter(target, block_size=5)
-    prompts = repetitive_prompts(10)
+    prompts = repetitive_prompts(24)  # many join while others decode: steps with a chunk
     plain, _ = run(target, prompts)
     for lookahead in ("off", "on"):
         config = EngineConfig(
@@ -160,6 +172,9 @@ def test_greedy_speculation_under_a_depth_ceiling_equals_plain_greedy(tmp_path):
         # the ceiling moved and cut depths the cheap cost model wanted full
         assert engine.ceiling.moves > 0 and engine.stats.ceiling_cuts > 0
         assert sum(n for depth, n in engine.stats.depth_steps.items() if 0 < depth < 5) > 0
+        # Every arm handed out was recorded once, by its own step, and by no later step
+        # with a prompt chunk (no graphs on this CPU: every step is timed).
+        assert engine.ceiling.recorded == engine.ceiling.handed > 0
     assert EngineConfig(spec="adaptive").depth_ceiling is False  # off by default
 
 

@@ -92,9 +92,9 @@ def test_steps_that_either_ceiling_allows_are_not_measured():
     assert (depth, arm) == (4, None)
     # a deeper choice is informative: the incumbent first, then the trial (every other
     # decision while the trial has few steps)
-    assert ceiling.decide(16, 6) == (6, (5, INCUMBENT))
-    assert ceiling.decide(16, 6) == (4, (5, TRIAL))
-    assert ceiling.decide(16, 7) == (7, (5, INCUMBENT))
+    assert ceiling.decide(16, 6) == (6, (5, 0, INCUMBENT))
+    assert ceiling.decide(16, 6) == (4, (5, 0, TRIAL))
+    assert ceiling.decide(16, 7) == (7, (5, 0, INCUMBENT))
 
 
 def test_buckets_search_apart_and_a_settled_bucket_caps_without_exploring():
@@ -108,7 +108,7 @@ def test_buckets_search_apart_and_a_settled_bucket_caps_without_exploring():
     # settled on 1 (the range holds it alone): capped, nothing measured
     assert ceiling.decide(6, 2) == (1, None)
     # another bucket still starts from the full depth
-    assert ceiling.decide(1, 2) == (2, (1, INCUMBENT))
+    assert ceiling.decide(1, 2) == (2, (1, 0, INCUMBENT))
 
 
 def test_a_settled_bucket_reopens_to_its_neighbours():
@@ -125,7 +125,7 @@ def test_a_settled_bucket_reopens_to_its_neighbours():
         assert ceiling.decide(2, 3) == (1, None)
     # reopened: the neighbour above is tried again
     decisions = [ceiling.decide(2, 3) for _ in range(2)]
-    assert decisions == [(1, (2, INCUMBENT)), (2, (2, TRIAL))]
+    assert decisions == [(1, (2, 3, INCUMBENT)), (2, (2, 3, TRIAL))]  # the third pair
 
 
 @pytest.mark.parametrize(
@@ -164,4 +164,42 @@ def test_each_judgement_starts_both_windows_afresh():
         ceiling.record(arm, 10, float(depth))
         search = ceiling._searches[arm[0]]
     assert search.ceiling == 2 and search.trial == 1
+    assert [len(w.steps) for w in search.windows] == [0, 0]
+
+
+def test_a_losing_trial_narrows_the_range_and_the_search_settles():
+    # 2 is slower than 3: the trial (2) loses, the range becomes [3, 3], nothing more
+    # is explored and every later step keeps the full depth.
+    ceiling = DepthCeiling(3, window=8, min_steps=4, explore_every=2, confidence=0.5)
+    for _ in range(40):
+        depth, arm = ceiling.decide(4, 3)
+        if arm is None:
+            break
+        ceiling.record(arm, 10, 1.0 if depth == 3 else 3.0)
+    search = ceiling._searches[3]
+    assert (search.lo, search.ceiling, search.hi, search.trial) == (3, 3, 3, None)
+    assert ceiling.moves == 0 and ceiling.decide(4, 3) == (3, None)
+
+
+def test_a_tie_is_dropped_once_the_trial_window_is_full():
+    # Equal rates, bounds too wide to tell (confidence inf): the trial is judged when its
+    # window fills, whatever min_steps says, and dropped; the incumbent stays.
+    ceiling = DepthCeiling(2, window=5, min_steps=3, explore_every=2, confidence=float("inf"))
+    trial_steps = 0
+    while ceiling._searches.get(1) is None or ceiling._searches[1].trial is not None:
+        _, arm = ceiling.decide(1, 2)
+        trial_steps += arm[2] == TRIAL
+        ceiling.record(arm, 10, 1.0)
+        assert trial_steps <= 5
+    assert trial_steps == 5 and ceiling.ceilings() == {1: 2} and ceiling.moves == 0
+
+
+def test_a_record_for_an_earlier_pair_is_dropped():
+    ceiling = DepthCeiling(3, window=4, min_steps=2, explore_every=2, confidence=0.5)
+    _, stale = ceiling.decide(2, 3)  # decided, not yet recorded
+    while ceiling.moves == 0:  # meanwhile other steps move 3 -> 2
+        depth, arm = ceiling.decide(2, 3)
+        ceiling.record(arm, 10, float(depth))
+    search = ceiling._searches[2]
+    ceiling.record(stale, 10, 100.0)  # a 3-deep step: not the new pair's to count
     assert [len(w.steps) for w in search.windows] == [0, 0]

@@ -1065,13 +1065,16 @@ class LLMEngine:
             # ahead for the deeper depth would not match the drafts (``_admit_adaptively``
             # plans again then); dropped now, the step's own plan runs while the drafter
             # does (``_plan_while_drafting``).
-            capped, self._ceiling_arm = self.ceiling.decide(num_reqs, depth)
-            if capped < depth:
-                depth = capped
-                self.stats.ceiling_cuts += 1
-                planned = self._planned
-                if planned is not None and planned[0] == self._step_index:
-                    self._planned = None
+            # (as deep as the step can draft: requests near their length limit draft less)
+            deepest = min(depth, int(limits.max()))
+            if deepest > 0:
+                capped, self._ceiling_arm = self.ceiling.decide(num_reqs, deepest)
+                if capped < deepest:
+                    depth = capped
+                    self.stats.ceiling_cuts += 1
+                    planned = self._planned
+                    if planned is not None and planned[0] == self._step_index:
+                        self._planned = None
         self.stats.depth_steps[depth] += 1
         self._priced_step = (num_reqs, num_tokens, depth, batch.context)
         if depth == 0:

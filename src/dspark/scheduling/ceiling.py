@@ -21,9 +21,10 @@ buckets of ``ThroughputGate``: 1, 2-3, 4-7, ...), and searches for it by measure
     as the gate keeps).
 - **Choosing the trial.** The plausible range ``[lo, hi]`` starts as every depth. The
   trial is the midpoint between the incumbent and the far end of the wider side.
-- **Judging a trial.** Once each arm has ``min_steps`` steps, the trial's rate is
-  compared with the incumbent's, ``confidence`` standard errors of their difference
-  apart.
+- **Judging a trial.** At every ``min_steps``-th step of the trial (16, 32, 48 and 64
+  with the defaults), the trial's rate is compared with the incumbent's, ``confidence``
+  standard errors of their difference apart. A comparison after every step would move on
+  a true tie about one time in four; four looks move on one about one time in twenty.
   - A trial clearly ahead becomes the incumbent. The range keeps the side beyond it
     (throughput is taken to be unimodal in the ceiling).
   - A trial clearly behind, or not clearly ahead once its window is full, narrows the
@@ -65,6 +66,7 @@ class _Search:
     windows: list[_Window] = field(init=False)
     since_trial: int = 0  # informative decisions since the trial was last played
     settled_for: int = 0  # decisions since the range closed on the incumbent
+    pair: int = 0  # counts the (incumbent, trial) pairs: a record for an old one is dropped
 
     def __post_init__(self) -> None:
         self.windows = [_Window(self.window), _Window(self.window)]
@@ -151,25 +153,31 @@ class DepthCeiling:
             search.since_trial = 0
             arm = TRIAL
         ceiling = search.ceiling if arm == INCUMBENT else search.trial
-        return min(depth, ceiling), (ThroughputGate.bucket(num_reqs), arm)
+        return min(depth, ceiling), (ThroughputGate.bucket(num_reqs), search.pair, arm)
 
-    def record(self, arm: tuple[int, int], tokens: int, wall_ms: float) -> None:
+    def record(self, arm: tuple[int, int, int], tokens: int, wall_ms: float) -> None:
         """A step ``decide`` handed ``arm`` emitted ``tokens`` in ``wall_ms``."""
         if not 0.0 < wall_ms < float("inf") or tokens < 0:
             raise ValueError(
                 f"need a positive, finite wall time and a token count >= 0, got {wall_ms} ms,"
                 f" {tokens}"
             )
-        key, which = arm
+        key, pair, which = arm
         search = self._searches.get(key)
-        if search is None or search.trial is None:
-            return  # the search moved on since the decision (a step decided ahead)
+        if search is None or search.pair != pair:
+            return  # the search moved on since the decision
         search.windows[which].add(tokens, wall_ms)
-        self._judge(search)
+        if which == TRIAL:
+            self._judge(search)
 
     def _judge(self, search: _Search) -> None:
         incumbent, trial = search.windows
-        if min(len(incumbent.steps), len(trial.steps)) < self.min_steps:
+        count = len(trial.steps)
+        # Judged at every min_steps-th trial step only (four looks with the defaults): a
+        # test repeated after every step would move on a tie one time in four.
+        # A full window is judged at once (a trial not clearly ahead by then is dropped).
+        early = count % self.min_steps and count < self.window
+        if early or len(incumbent.steps) < self.min_steps:
             return
         rate_i, error_i = search.figures(INCUMBENT)
         rate_t, error_t = search.figures(TRIAL)
@@ -196,6 +204,7 @@ class DepthCeiling:
         search.since_trial = 0
         search.trial = search._next_trial()
         search.settled_for = 0
+        search.pair += 1
 
     def _reopen(self, search: _Search) -> None:
         """A settled bucket tests its incumbent's neighbours again."""
@@ -205,3 +214,4 @@ class DepthCeiling:
         search.settled_for = 0
         search.since_trial = 0
         search.trial = search._next_trial()
+        search.pair += 1
