@@ -140,6 +140,18 @@ def restless_ceiling(k):
     return Counting(k, window=4, min_steps=2, explore_every=2, confidence=0.0, reopen_after=2)
 
 
+class RandomCeiling:
+    """A depth ceiling that caps each step at a random depth (seeded, blind to the
+    drafts): whatever a ceiling decides, sampling must stay lossless."""
+
+    def __init__(self, max_depth, seed=0):
+        self.max_depth = max_depth
+        self.rng = np.random.default_rng(seed)
+
+    def decide(self, num_reqs, depth):
+        return int(self.rng.integers(1, depth + 1)), None
+
+
 def test_greedy_speculation_under_a_depth_ceiling_equals_plain_greedy(tmp_path):
     """``depth_ceiling``: the ceiling caps the depth before the drafter runs, from past
     steps' timings only, so greedy output is unchanged while the depths it drafts move."""
@@ -225,8 +237,9 @@ def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(
     distribution: at temperature 1 the first two tokens follow the target exactly. With a
     draft vocabulary that leaves out half of the target's likely tokens (1, 4, 5), those
     can only come from the residual distribution. ``padded``: padded steps, the drafter's
-    heads sampling in ``DraftHeads`` as on a GPU. ``ceiling``: a depth ceiling that moves
-    on every measured difference caps the depths drafted."""
+    heads sampling in ``DraftHeads`` as on a GPU. ``ceiling``: a depth ceiling caps the
+    depths drafted at random (``RandomCeiling``; the requests come in waves, so that steps
+    of decodes alone, the ones a ceiling caps, come often)."""
     from dspark.engine.drafter import DSparkDrafter
     from tests.models.test_drafter import random_drafter
 
@@ -253,11 +266,9 @@ def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(
         drafter=DSparkDrafter(drafter, 8192, 16, graphs=(64, 256) if padded else None),
         cost_model=CheapCost(3),
     )
-    # With the ceiling, the requests come in waves of 64: the ceiling caps steps of
-    # decodes alone, which a queue of 2000 leaves only at its end.
     wave = 64 if ceiling else 2000
     if ceiling:
-        engine.ceiling = restless_ceiling(3)
+        engine.ceiling = RandomCeiling(3)
     requests = []
     for first in range(0, 2000, wave):
         requests += [
@@ -274,8 +285,8 @@ def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(
     assert engine.stats.num_accepted > engine.stats.num_decode_rounds + extra
     if padded:
         assert engine.drafter.heads.num_runs == len(engine.stats.drafter_ms) > 0
-    if ceiling:
-        assert engine.ceiling.moves > 0 and engine.stats.ceiling_cuts > 0
+    if ceiling:  # the trial's steps drafted shallower than the cost model chose
+        assert engine.stats.ceiling_cuts > 0
     for position, exact in ((0, exact1), (1, exact2)):
         tokens = np.array([r.output_ids[position] for r in requests])
         counts = np.bincount(np.minimum(tokens, live), minlength=live + 1).astype(float)
