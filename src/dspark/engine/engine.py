@@ -433,7 +433,7 @@ class LLMEngine:
         self.verifier: AdaptiveVerifier | None = None
         self.gate: ThroughputGate | None = None
         self.ceiling: DepthCeiling | None = None
-        self._ceiling_arm: tuple[int, int] | None = None  # this step's, to record its outcome
+        self._ceiling_arm: tuple[int, int, int] | None = None  # this step's arm, to record
         # Adaptive: this step's (requests, non-draft tokens, drafting depth, context), for
         # the gate and a cost model that learn from whole steps, and for held-back upkeep.
         self._priced_step: tuple[int, int, int, int] | None = None

@@ -131,7 +131,7 @@ class DepthCeiling:
         """Each bucket's incumbent ceiling, by the bucket's smallest batch size."""
         return {s.smallest: s.ceiling for s in self._searches.values()}
 
-    def decide(self, num_reqs: int, depth: int) -> tuple[int, tuple[int, int] | None]:
+    def decide(self, num_reqs: int, depth: int) -> tuple[int, tuple[int, int, int] | None]:
         """The depth a decoding step of ``num_reqs`` requests drafts, given the cost
         model's ``depth``, and the arm to ``record`` its outcome under (None: the step
         does not tell the two ceilings apart, or nothing is being searched)."""
