@@ -77,6 +77,8 @@ def test_bad_arguments_are_errors():
         ThroughputGate(explore_every=1)
     with pytest.raises(ValueError, match="confidence"):
         ThroughputGate(confidence=-1.0)
+    with pytest.raises(ValueError, match="confidence"):  # a NaN bound would never veto
+        ThroughputGate(confidence=float("nan"))
     with pytest.raises(ValueError, match="alone_confidence"):
         ThroughputGate(alone_confidence=float("nan"))
     with pytest.raises(ValueError, match="alone_window"):

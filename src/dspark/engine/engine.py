@@ -726,14 +726,13 @@ class LLMEngine:
         if num_tokens >= num_reqs > 0 and self.num_captures() == captures:
             wall_ms = max((end - step_start) * 1e3 - flush_ms, 1e-3)
             mixed = num_tokens != num_reqs
+            tokens = self.stats.num_generated - generated
             if self.gate is not None:
-                tokens = self.stats.num_generated - generated
                 gate_ms = wall_ms
                 if self._held_back and self.upkeep_ms_per_step is not None:
                     gate_ms += self.upkeep_ms_per_step
                 self.gate.record(num_reqs, depth > 0, tokens, gate_ms, mixed, self._overruled)
             if self._ceiling_arm is not None:
-                tokens = self.stats.num_generated - generated
                 self.ceiling.record(self._ceiling_arm, tokens, wall_ms)
             record_step = getattr(self.verifier.cost_model, "record_step", None)
             if record_step is not None and not mixed:

@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import hypot
 
-from dspark.scheduling.gate import ThroughputGate, _Window
+from dspark.scheduling.gate import ThroughputGate, _Window, check_measurement
 
 INCUMBENT, TRIAL = 0, 1
 
@@ -101,12 +101,7 @@ class DepthCeiling:
     ) -> None:
         if max_depth < 1:
             raise ValueError(f"max_depth must be at least 1, got {max_depth}")
-        if not 1 <= min_steps <= window:
-            raise ValueError(f"need 1 <= min_steps <= window, got {min_steps} and {window}")
-        if explore_every < 2:
-            raise ValueError(f"explore_every must be at least 2, got {explore_every}")
-        if not confidence >= 0:
-            raise ValueError(f"confidence must be >= 0, got {confidence}")
+        check_measurement(explore_every, window, min_steps, confidence)
         if reopen_after < 1:
             raise ValueError(f"reopen_after must be at least 1, got {reopen_after}")
         self.max_depth = max_depth

@@ -335,6 +335,18 @@ class _Bucket:
         return self.windows[arm].figures(not self.mixed, smallest)
 
 
+def check_measurement(explore_every: int, window: int, min_steps: int, confidence: float) -> None:
+    """The settings a measured choice between two arms shares (``ThroughputGate``,
+    ``DepthCeiling``): how often the other arm is taken, the steps each arm keeps, how
+    many it needs before it is judged and how many standard errors wide its bounds are."""
+    if explore_every < 2:
+        raise ValueError(f"explore_every must be at least 2, got {explore_every}")
+    if not 1 <= min_steps <= window:
+        raise ValueError(f"need 1 <= min_steps <= window, got {min_steps} and {window}")
+    if not confidence >= 0:
+        raise ValueError(f"confidence must be >= 0, got {confidence}")
+
+
 class ThroughputGate:
     """Draft or not, per batch-size bucket, by the measured tokens per millisecond."""
 
@@ -347,12 +359,7 @@ class ThroughputGate:
         alone_confidence: float = ALONE_CONFIDENCE,
         alone_window: int = ALONE_WINDOW,
     ) -> None:
-        if explore_every < 2:
-            raise ValueError(f"explore_every must be at least 2, got {explore_every}")
-        if not 1 <= min_steps <= window:
-            raise ValueError(f"need 1 <= min_steps <= window, got {min_steps} and {window}")
-        if confidence < 0:
-            raise ValueError(f"confidence must be >= 0, got {confidence}")
+        check_measurement(explore_every, window, min_steps, confidence)
         if not alone_confidence >= 0:
             raise ValueError(f"alone_confidence must be >= 0, got {alone_confidence}")
         if alone_window < 1:
