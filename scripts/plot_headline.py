@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark.figures import save_figure
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "bench"
 
@@ -333,18 +335,20 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "results" / "headline.png"
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(16, 4.8), sharey=True)
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(16, 6.0), sharey=True)
     print(
         f"{'panel':10s} {'run':12s} {'conc':>4s} {'best':>5s} {'/best':>6s} "
         f"{'paired (range)':>22s} {'/none':>6s} repeats"
     )
     for ax, (title, runs) in zip(axes, PANELS, strict=True):
-        labels = list(dict.fromkeys(run[0] for run in runs))
+        # One colour and one legend entry a session: a panel holds up to ~50 runs.
+        labels = list(dict.fromkeys(run[0].split()[0] for run in runs))
         colours = dict(
             zip(labels, plt.cm.viridis(np.linspace(0.0, 0.85, len(labels))), strict=True)
         )
         seen = set()
-        for i, (label, rel, *row) in enumerate(runs):
+        for i, (run_label, rel, *row) in enumerate(runs):
+            label = run_label.split()[0]
             for e in ratios(RESULTS / rel, *row):
                 x = e["concurrency"] * 2.0 ** (0.07 * (i - len(runs) / 2))  # runs side by side
                 paired = e["paired_best"]
@@ -363,7 +367,7 @@ def main() -> None:
                     ax.plot(x, e["vs_none"], marker="x", color=colours[label], ls="none")
                 none = f"{e['vs_none']:.3f}" if "vs_none" in e else ""
                 print(
-                    f"{title[:10]:10s} {label:12s} {e['concurrency']:4d} {e['best']:>5s} "
+                    f"{title[:10]:10s} {run_label:12s} {e['concurrency']:4d} {e['best']:>5s} "
                     f"{e['vs_best']:6.3f} {np.median(paired):7.3f} ({lo:.3f}-{hi:.3f}) "
                     f"{none:>6s} {e['repeats']}"
                 )
@@ -374,7 +378,7 @@ def main() -> None:
         ax.set_xlabel("concurrency (requests in flight)")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=6)
     axes[0].set_ylabel(
         "adaptive tok/s ÷ best fixed K's (o, bars: paired range)\n÷ no speculation's (x, where run)"
     )
@@ -383,7 +387,7 @@ def main() -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out, dpi=110)
     print(f"wrote {out}")
 
 

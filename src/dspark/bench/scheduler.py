@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from dspark.bench.provenance import source_digest
 from dspark.bench.seed_port import SeedRequestTable, seed_budget
+from dspark.figures import save_figure
 from dspark.resources import H200_COST_SURFACE, PUBLISHED_ACCEPTANCE, load_json
 from dspark.scheduling import (
     AdaptiveVerifier,
@@ -402,7 +403,7 @@ def _plot(results: Sequence[SizeResult], path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

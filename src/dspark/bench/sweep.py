@@ -49,6 +49,7 @@ from dspark.engine.graphs import CAPTURE_AFTER_WASTE
 from dspark.engine.heap import CollectorPauses, frozen_heap
 from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
 from dspark.engine.sampling import SamplingParams
+from dspark.figures import save_figure
 from dspark.models.loader import load_model, resolve_dtype, resolve_model_path
 from dspark.models.shapes import SHAPES, random_model
 
@@ -815,5 +816,5 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         ax.grid(alpha=0.3)
     left.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

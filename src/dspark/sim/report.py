@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark.figures import save_figure
 from dspark.sim.simulator import RunResult
 from dspark.sim.sweep import POLICY_NAMES, SweepResult
 
@@ -265,7 +266,7 @@ def _plot(result: SweepResult, out: Path) -> list[Path]:
         fig.suptitle(f"dspark simulate — {kind} ({surface} surface)", fontsize=10)
         fig.tight_layout(rect=(0, 0, 0.9, 1))
         path = out / f"sim_{kind}.png"
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
         plt.close(fig)
         paths.append(path)
     return paths

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dspark.figures import save_figure
+
 DEFAULT_BINS = 15
 TEMPERATURE_GRID = np.exp(np.linspace(np.log(0.05), np.log(20.0), 241))
 SHIFT_GRID = np.linspace(-2.0, 2.0, 81)
@@ -183,7 +185,7 @@ def plot_reliability(
         ax.legend(loc="upper left", fontsize=8)
         fig.tight_layout()
         path = directory / f"reliability_pos{position + 1}.png"
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
         plt.close(fig)
         paths.append(str(path))
     return paths

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.figures import save_figure
 from dspark.models.drafter import DrafterConfig, DraftModel, count_parameters, save_drafter
 from dspark.models.loader import load_model, resolve_dtype
 from dspark.train.data import DistillSet, generate_greedy, load_prompts, sharegpt_prompts
@@ -134,7 +135,7 @@ def plot_history(
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.engine.sampling import SamplingParams
+from dspark.figures import save_figure
 from dspark.models.loader import load_model, resolve_dtype
 from dspark.train.calibration import ece, observed_survival
 from dspark.train.data import humaneval_prompts, load_prompts, sharegpt_prompts
@@ -229,5 +230,5 @@ def plot(rows: list[dict], path: Path, k: int) -> None:
     right.set_ylim(0, 1)
     right.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
