@@ -6,8 +6,8 @@
 # .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256). LAST names the last piece (p4).
 #   bash scripts/gpu/session40.sh low    # 1 (24 requests x 6; no spec, K = 3, 4, adaptive)
 #                                        # 4 (48 x 7; K = 3, 4, adaptive)
-#   bash scripts/gpu/session40.sh high   # 16 and 64 (128 x 9; K = 3, 4, 5, adaptive)
-#                                        # 256 (256 x 6; no spec, K = 3, 4, adaptive)
+#   bash scripts/gpu/session40.sh high   # 16 and 64 (128 x 9; K = 4, adaptive)
+#                                        # 256 (256 x 4; no spec, K = 4, adaptive)
 # Session 40 also ran, with session 39's script (LAST=p4): `session39.sh ceiling` and
 # `session39.sh trace16`, and the 8B shape with the depth ceiling at 16 and 1 (the loop in
 # session39.sh's header, LIMIT 170 and 140).
@@ -15,14 +15,17 @@ set +e +o pipefail
 bash scripts/gpu/stage_piece.sh "${LAST:-p4}" >/dev/null 2>&1
 source scripts/gpu/session31.sh none
 stage_model
-tidy() { rm -f "$OUT"/*/*profile*.json "$OUT"/*/bench.partial.json; }
+tidy() { rm -f "$OUT"/*/*profile*.json; }  # partials kept: a timed-out level keeps its runs
 case "$1" in
   low)
     bench "${LIMIT1:-300}" s40_c1 1 24 "${REPEATS1:-6}" --fixed 3 4
     bench "${LIMIT4:-200}" s40_c4 4 48 "${REPEATS4:-7}" --fixed 3 4 --no-baseline ;;
   high)
-    bench "${LIMIT16:-210}" s40_c16 16 128 "${REPEATS16:-9}" --fixed 3 4 5 --no-baseline
-    bench "${LIMIT64:-160}" s40_c64 64 128 "${REPEATS64:-9}" --fixed 3 4 5 --no-baseline
-    bench "${LIMIT256:-200}" s40_c256 256 256 "${REPEATS256:-6}" --fixed 3 4 ;;
+    bench "${LIMIT16:-170}" s40_c16 16 128 "${REPEATS16:-9}" --fixed 4 --no-baseline
+    bench "${LIMIT64:-130}" s40_c64 64 128 "${REPEATS64:-9}" --fixed 4 --no-baseline
+    bench "${LIMIT256:-170}" s40_c256 256 256 "${REPEATS256:-4}" --fixed 4 ;;
 esac
 tidy
+# Time-sliced (b's --slice-ms; every setting measured over the same stretch of wall time):
+#   source scripts/gpu/session40.sh none; bench 200 s40_sl 16 128 5 --fixed 4 --no-baseline \
+#     --concurrency 16 64 --slice-ms 200 --window-s 5; tidy

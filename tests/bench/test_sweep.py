@@ -509,3 +509,67 @@ def test_the_padding_budget_option_takes_auto_or_a_number_of_steps():
     for bad in ("-1", "nan", "soon"):
         with pytest.raises(argparse.ArgumentTypeError, match="auto"):
             _padding_budget(bad)
+
+
+def _sliced(tiny, label_k, prompts, params, concurrency):
+    from dspark.bench.sweep import SlicedLoop
+
+    spec, k = label_k
+    config = EngineConfig(max_num_seqs=concurrency, spec=spec, num_drafts=max(k, 1))
+    engine = LLMEngine(tiny, config)
+    return SlicedLoop(engine, Setting(spec, k), prompts, params, concurrency)
+
+
+def test_sliced_windows_count_each_token_once_and_give_every_loop_its_window(tiny):
+    from dspark.bench.sweep import sliced_windows
+
+    prompts = [[5, 6, 7, i] for i in range(3)]  # fewer than a window needs: cycled
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    loops = [
+        _sliced(tiny, ("none", 0), prompts, params, 2),
+        _sliced(tiny, ("fixed", 2), prompts, params, 3),
+    ]
+    for _ in range(2):  # the second window: stats and counts restart
+        # Tokens already emitted by the requests in flight as the window opens.
+        before = {id(r): len(r.output_ids) for loop in loops for r in loop.running}
+        results = sliced_windows(loops, window_s=0.25, slice_s=0.02)
+        for loop, result in zip(loops, results, strict=True):
+            seen = loop.finished + loop.running
+            emitted = sum(len(r.output_ids) - before.get(id(r), 0) for r in seen)
+            assert result.tokens == emitted > 0
+            assert result.requests == len(loop.finished)
+            # At most the concurrency in flight (refilled as each turn begins).
+            assert len(loop.running) <= loop.concurrency
+            # Its own time: the window, overrun by at most the step that crossed it.
+            assert 0.25 <= result.seconds < 0.25 + 0.5
+            assert result.tok_s == pytest.approx(result.tokens / result.seconds, rel=1e-3)
+            assert loop.engine.stats.num_steps > 0
+        # Both loops met the same stretch of the machine: one pair of host probes.
+        assert results[0].probe_ms == results[1].probe_ms
+    # Prompts are taken again from the start once used up, in order.
+    assert loops[0].next_prompt > len(prompts)
+
+
+def test_sliced_tpot_leaves_out_the_other_loops_turns(tiny):
+    import time
+
+    from dspark.bench.sweep import sliced_windows
+
+    prompts = [[5, 6, 7, i] for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    fast = _sliced(tiny, ("none", 0), prompts, params, 1)
+    slow = _sliced(tiny, ("none", 0), prompts, params, 1)
+    step = slow.engine.step
+
+    def sleepy_step():
+        time.sleep(0.5)
+        return step()
+
+    slow.engine.step = sleepy_step
+    (result, _) = sliced_windows([fast, slow], window_s=0.3, slice_s=0.005)
+    # The fast loop's first turn was one short slice; then the slow one held the machine
+    # for half a second with a request of the fast one in flight. Counted, that gap
+    # would add 100 ms to that request's time per output token.
+    assert fast.engine.idle_s >= 0.5
+    assert result.requests > 0
+    assert result.tpot_p99_ms < 50.0

@@ -20,6 +20,17 @@ all of them; tables quote medians, and with several repeats the comparison also 
 paired ratios (adaptive against a baseline within each repeat, whose machine speed they
 shared), whose median is less exposed to drift than the ratio of medians.
 
+``--slice-ms``: time-sliced runs, for machines whose speed wanders within seconds (this
+2-core VM; the H200 machines' hosts, whose probes moved 2x within a call in session 40).
+Per level every setting's engine is built and warmed once and kept; each repeat is then
+a window in which every engine runs ``--window-s`` of its own time in turns of
+``--slice-ms``, round robin, its closed loop refilled from the prompts taken in order
+(and again from the start) so that it never drains: every setting is measured over the
+same stretch of wall time, at steady state. Tokens are those emitted in the engine's own
+turns; TPOT uses a request clock that leaves out the other engines' turns
+(``LLMEngine.idle_s``). All of a level's engines are alive at once, so this suits models
+whose engines fit side by side (not the 8B shape at 256).
+
 Per configuration and level: aggregate tok/s (generated tokens, each counted once, over
 the level's wall time less captures), per-user tok/s and TPOT p50/p99 from each request's own
 timestamps (first token to finish), acceptance length (tokens per decode round, bonus
@@ -32,6 +43,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import platform
 import time
 from contextlib import nullcontext
@@ -266,6 +278,114 @@ def closed_loop(
     return finished, seconds
 
 
+class SlicedLoop:
+    """One setting's closed loop for ``--slice-ms``: ``concurrency`` requests in flight,
+    the prompts taken in order and taken again from the start when they run out, stepped
+    a slice of time at a time while other settings' loops take their turns
+    (``sliced_windows``). The engine's request clock leaves out the turns of the others
+    (``LLMEngine.idle_s``), so TPOT is this engine's own."""
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        setting: Setting,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        concurrency: int,
+    ) -> None:
+        if not prompts:
+            raise ValueError("a sliced loop needs prompts")
+        self.engine, self.setting = engine, setting
+        self.prompts, self.params, self.concurrency = prompts, params, concurrency
+        self.next_prompt = 0
+        self.running: list = []
+        self.finished: list = []  # since the window began
+        self.busy_s = 0.0  # this engine's own time in the window
+        self._last_end: float | None = None
+        self._on_cuda = engine.device.type == "cuda"
+
+    def begin_window(self) -> _Marks:
+        self.engine.stats.__init__()
+        self.finished, self.busy_s = [], 0.0
+        return _Marks(self.engine)
+
+    def run_slice(self, slice_s: float, window_s: float) -> None:
+        """Steps until ``slice_s`` has passed (at least one step) or the window's
+        ``window_s`` of this engine's time is used up."""
+        engine = self.engine
+        start = time.perf_counter()
+        if self._last_end is not None:
+            engine.idle_s += start - self._last_end
+        until = min(slice_s, window_s - self.busy_s)
+        while True:
+            while len(self.running) < self.concurrency:
+                prompt = self.prompts[self.next_prompt % len(self.prompts)]
+                self.next_prompt += 1
+                self.running.append(engine.add_request(prompt, self.params))
+            engine.step()
+            still = []
+            for request in self.running:
+                if request.is_finished:
+                    if request.error:
+                        raise ValueError(f"a benchmark request failed: {request.error}")
+                    self.finished.append(request)
+                    engine.requests.pop(request.request_id, None)
+                else:
+                    still.append(request)
+            self.running = still
+            if time.perf_counter() - start >= until:
+                break
+        if self._on_cuda:  # the device's work is this engine's, not the next one's
+            torch.cuda.synchronize(engine.device)
+        end = time.perf_counter()
+        self.busy_s += end - start
+        self._last_end = end
+
+
+def sliced_windows(
+    loops: list[SlicedLoop], window_s: float, slice_s: float, freeze_gc: bool = True
+) -> list[Measurement]:
+    """One window of ``--slice-ms``: every loop runs ``window_s`` of its own time in turns
+    of ``slice_s``, round robin (the first turn moves one loop on each round), so every
+    setting meets the machine's speed of the same stretch of wall time; a measurement
+    each, of the tokens it emitted and the requests that finished in its turns. Requests
+    in flight carry over from window to window, as does what adaptive verification
+    learnt: the steady state of a serving engine."""
+    marks = [loop.begin_window() for loop in loops]
+    pauses = [CollectorPauses() for _ in loops]
+    probe_before = host_probe_ms()
+    turn = 0
+    with frozen_heap() if freeze_gc else nullcontext():
+        while True:
+            waiting = [i for i, loop in enumerate(loops) if loop.busy_s < window_s]
+            if not waiting:
+                break
+            for j in range(len(waiting)):
+                i = waiting[(turn + j) % len(waiting)]
+                with pauses[i].watching():
+                    loops[i].run_slice(slice_s, window_s)
+            turn += 1
+    probe_ms = (probe_before, host_probe_ms())
+    results = []
+    for loop, start, paused in zip(loops, marks, pauses, strict=True):
+        engine = loop.engine
+        results.append(
+            _measurement(
+                engine,
+                loop.setting,
+                loop.concurrency,
+                loop.finished,
+                engine.stats.num_generated,
+                loop.busy_s,
+                start,
+                paused,
+                probe_ms,
+                freeze_gc,
+            )
+        )
+    return results
+
+
 def measure(
     engine: LLMEngine,
     setting: Setting,
@@ -289,28 +409,67 @@ def measure(
     (``dspark.engine.heap``), as a serving engine freezes its start-up heap, so that a
     full collection does not walk the model's objects in some run's step; the run's
     collections are counted either way (``gc_full``, ``gc_full_s``, ``gc_s``)."""
-    warm_tokens = params.max_tokens if full_warmup else max(4, params.max_tokens // 4)
-    warm = replace(params, max_tokens=warm_tokens)
-    closed_loop(engine, warmup or prompts[:1], warm, concurrency)
-    engine.stats.__init__()
-    captures, capture_s = engine.num_captures(), engine.capture_seconds()
-    covered = engine.graphs.num_covered if engine.graphs is not None else 0
-    padding = engine.graphs.covered_tokens if engine.graphs is not None else 0
+    warm_up(engine, params, concurrency, warmup or prompts[:1], full_warmup)
+    start = _Marks(engine)
     pauses = CollectorPauses()
     probe_before = host_probe_ms()
     with frozen_heap() if freeze_gc else nullcontext(), pauses.watching():
         finished, seconds = closed_loop(engine, prompts, params, concurrency)
     probe_ms = (probe_before, host_probe_ms())
-    capture_s = engine.capture_seconds() - capture_s
-    if engine.graphs is not None:
-        covered = engine.graphs.num_covered - covered
-        padding = engine.graphs.covered_tokens - padding
-    stats = engine.stats
-    steady_s = seconds - capture_s
     failed = [r for r in finished if r.error]
     if failed:
         raise ValueError(f"{len(failed)} benchmark requests failed: {failed[0].error}")
     tokens = sum(len(r.output_ids) for r in finished)
+    return _measurement(
+        engine, setting, concurrency, finished, tokens, seconds, start, pauses, probe_ms, freeze_gc
+    )
+
+
+def warm_up(
+    engine: LLMEngine,
+    params: SamplingParams,
+    concurrency: int,
+    warmup: list[list[int]],
+    full_warmup: bool,
+) -> None:
+    """The closed loop over ``warmup`` that ``measure`` runs first; clears the stats."""
+    warm_tokens = params.max_tokens if full_warmup else max(4, params.max_tokens // 4)
+    closed_loop(engine, warmup, replace(params, max_tokens=warm_tokens), concurrency)
+    engine.stats.__init__()
+
+
+class _Marks:
+    """An engine's capture and cover counters when a measurement began."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.captures, self.capture_s = engine.num_captures(), engine.capture_seconds()
+        graphs = engine.graphs
+        self.covered = graphs.num_covered if graphs is not None else 0
+        self.padding = graphs.covered_tokens if graphs is not None else 0
+
+
+def _measurement(
+    engine: LLMEngine,
+    setting: Setting,
+    concurrency: int,
+    finished: list,
+    tokens: int,
+    seconds: float,
+    start: _Marks,
+    pauses: CollectorPauses,
+    probe_ms: tuple[float, float],
+    freeze_gc: bool,
+) -> Measurement:
+    """One measurement from what the engine's stats hold since ``start`` (``seconds``:
+    the engine's own time, ``tokens``: those it emitted in it, ``finished``: the requests
+    that finished in it)."""
+    capture_s = engine.capture_seconds() - start.capture_s
+    covered = padding = 0
+    if engine.graphs is not None:
+        covered = engine.graphs.num_covered - start.covered
+        padding = engine.graphs.covered_tokens - start.padding
+    stats = engine.stats
+    steady_s = seconds - capture_s
     tpot = [
         (r.finish_time - r.first_token_time) / (len(r.output_ids) - 1)
         for r in finished
@@ -334,7 +493,7 @@ def measure(
         schedule_share=sum(stats.schedule_ms) / (steady_s * 1e3),
         step_ms=steady_s * 1e3 / max(stats.num_steps, 1),
         schedule_us_per_step=sum(stats.schedule_ms) * 1e3 / max(stats.num_steps, 1),
-        graph_captures=engine.num_captures() - captures,
+        graph_captures=engine.num_captures() - start.captures,
         capture_s=capture_s,
         capture_steps=stats.capture_steps,
         covered_steps=covered,
@@ -417,6 +576,22 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompt-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--slice-ms",
+        type=float,
+        default=0.0,
+        help="time-sliced runs: per level, every setting's engine is warmed once and kept, "
+        "and each repeat is a window of --window-s of every engine's own time, taken in "
+        "turns of this many ms (closed loops that never drain: steady state), so every "
+        "setting meets the machine's speed of the same stretch of time; 0 (default): one "
+        "fresh engine per run, each running the level's prompts to the end",
+    )
+    parser.add_argument(
+        "--window-s",
+        type=float,
+        default=10.0,
+        help="with --slice-ms: seconds of each engine's own time per repeat",
+    )
     parser.add_argument("--prompts", default=None, help="tokenised prompt splits file")
     parser.add_argument("--out", default="bench-results", help="directory for JSON and PNG")
     parser.add_argument(
@@ -509,6 +684,10 @@ def engine_for(
 def main(args: argparse.Namespace) -> None:
     if args.repeats < 1 or min(args.concurrency) < 1:
         raise ValueError("--repeats and every --concurrency must be at least 1")
+    if not (math.isfinite(args.slice_ms) and args.slice_ms >= 0):
+        raise ValueError(f"--slice-ms must be a time >= 0 (0: off), got {args.slice_ms}")
+    if args.slice_ms and not (math.isfinite(args.window_s) and args.window_s > 0):
+        raise ValueError(f"--window-s must be a positive time, got {args.window_s}")
     if any(not 1 <= k <= args.k for k in args.fixed):
         raise ValueError(f"--fixed values must be in 1..{args.k} (--k)")
     variants = checked_variants(args)  # before the model loads: bad input fails at once
@@ -537,6 +716,15 @@ def main(args: argparse.Namespace) -> None:
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[str, int], list[Measurement]] = {}
+    run = _run_sliced if args.slice_ms else _run_interleaved
+    drafter_name = run(args, loaded, tokenizer, settings, params, replay, runs)
+    rows = [summarise(measurements) for measurements in runs.values()]
+    report(rows, args, dtype, drafter_name, replay)
+
+
+def _run_interleaved(args, loaded, tokenizer, settings, params, replay, runs) -> str | None:
+    """Every (repeat, level, setting) a run of its own on a fresh engine (``job_order``);
+    returns the drafter's class name."""
     jobs = job_order(args.repeats, args.concurrency, settings)
     drafter_name = None
     for _, concurrency, setting in tqdm(jobs, desc="bench"):
@@ -564,10 +752,46 @@ def main(args: argparse.Namespace) -> None:
         gc.collect()
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()  # the next engine allocates its own KV cache
-        partial = [asdict(m) for ms in runs.values() for m in ms]  # survives an interruption
-        (Path(args.out) / "bench.partial.json").write_text(json.dumps(partial))
-    rows = [summarise(measurements) for measurements in runs.values()]
-    report(rows, args, dtype, drafter_name, replay)
+        _write_partial(args, runs)
+    return drafter_name
+
+
+def _run_sliced(args, loaded, tokenizer, settings, params, replay, runs) -> str | None:
+    """``--slice-ms``: per level, every setting's engine warmed once and kept; then each
+    repeat is one window of ``--window-s`` of every engine's own time, run in turns
+    (``sliced_windows``). All of a level's engines are alive at once (their KV caches and
+    graphs side by side)."""
+    drafter_name = None
+    progress = tqdm(total=len(args.concurrency) * args.repeats, desc="bench (sliced)")
+    for concurrency in args.concurrency:
+        count = max(args.min_requests, concurrency * args.requests_per_user)
+        num_warmup = count if args.full_warmup else concurrency
+        prompts = bench_prompts(tokenizer, args, count + num_warmup)
+        warmup, measured = prompts[:num_warmup], prompts[num_warmup:]
+        loops = []
+        for setting in settings:
+            engine = engine_for(loaded, setting, concurrency, args, replay)
+            if engine.drafter is not None:
+                drafter_name = type(engine.drafter).__name__
+            warm_up(engine, params, concurrency, warmup, args.full_warmup)
+            loops.append(SlicedLoop(engine, setting, measured, params, concurrency))
+        for _ in range(args.repeats):
+            window = sliced_windows(loops, args.window_s, args.slice_ms / 1e3, args.freeze_gc)
+            for result in window:
+                runs.setdefault((result.label, concurrency), []).append(result)
+            _write_partial(args, runs)
+            progress.update()
+        del loops, engine  # reference cycles: collected now, not in a later window
+        gc.collect()
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    progress.close()
+    return drafter_name
+
+
+def _write_partial(args, runs: dict) -> None:
+    partial = [asdict(m) for ms in runs.values() for m in ms]  # survives an interruption
+    (Path(args.out) / "bench.partial.json").write_text(json.dumps(partial))
 
 
 def checked_variants(args: argparse.Namespace) -> list[Setting]:
@@ -701,6 +925,9 @@ def report(
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
         "repeats": args.repeats,
+        # Time-sliced (``--slice-ms``): each repeat a window of every engine's own time.
+        "slice_ms": args.slice_ms,
+        "window_s": args.window_s if args.slice_ms else None,
         "rows": rows,
         "summary": verdicts,
     }
