@@ -171,45 +171,6 @@ def test_probes_of_declined_drafting_back_off_and_reset_per_bucket():
     assert [gate.should_probe(9) for _ in range(4)] == [False, False, False, True]
 
 
-def _undrafted_leads(gate, num_reqs=8):
-    for _ in range(gate.min_steps):
-        gate.record(num_reqs, True, 10, 10.0)  # drafted: 1 token / ms
-        gate.record(num_reqs, False, 50, 10.0)  # undrafted: 5 tokens / ms
-
-
-def _wait_for_probe(gate, num_reqs=8):
-    count = 1
-    while not gate.should_probe(num_reqs):
-        count += 1
-    return count
-
-
-def test_a_vetoed_drafting_decision_keeps_the_probes_backed_off():
-    gate = ThroughputGate(explore_every=4)
-    _undrafted_leads(gate)
-    assert [_wait_for_probe(gate) for _ in range(3)] == [4, 8, 16]
-    # The cost model wants to draft; the measurements veto it (no exploration is due).
-    assert gate.should_draft(8) is False
-    assert _wait_for_probe(gate) == 16  # still backed off
-    # Where drafting leads, the same decision goes through and resets the wait.
-    lead = ThroughputGate(explore_every=4)
-    for _ in range(lead.min_steps):
-        lead.record(8, True, 50, 10.0)
-        lead.record(8, False, 10, 10.0)
-    state = lead._get(8, False)
-    state.probes_in_a_row = 2  # as after two probes in a row
-    assert lead.should_draft(8) is True
-    assert state.probes_in_a_row == 0
-
-
-def test_the_gate_before_session_40_reset_the_probes_on_a_veto_too():
-    gate = ThroughputGate(explore_every=4, veto_resets_probes=True)
-    _undrafted_leads(gate)
-    assert [_wait_for_probe(gate) for _ in range(3)] == [4, 8, 16]
-    assert gate.should_draft(8) is False
-    assert _wait_for_probe(gate) == 4
-
-
 def test_an_unmeasured_bucket_follows_its_nearest_measured_neighbour():
     gate = ThroughputGate(explore_every=1000, min_steps=2)
     for _ in range(2):  # bucket of 4..7: undrafted 1 token/ms, drafted 3 tokens/ms

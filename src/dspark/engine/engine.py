@@ -106,9 +106,6 @@ class EngineConfig:
     # many standard errors wide its veto's bounds are (``gate.ALONE_CONFIDENCE``, 1).
     gate_alone_window: int = ALONE_WINDOW
     gate_alone_confidence: float = ALONE_CONFIDENCE
-    # Adaptive: whether the gate's veto of a drafting decision resets its probes' back-off
-    # (``ThroughputGate.veto_resets_probes``; on before session 40).
-    gate_veto_resets_probes: bool = False
     # Adaptive: on steps the gate leaves undrafted, hold the drafter's context updates back
     # and run them batched (every DEFER_LIMIT steps, or before the next drafting step).
     defer_upkeep: bool = True
@@ -545,7 +542,6 @@ class LLMEngine:
                 ThroughputGate(
                     alone_confidence=config.gate_alone_confidence,
                     alone_window=config.gate_alone_window,
-                    veto_resets_probes=config.gate_veto_resets_probes,
                 )
                 if config.throughput_gate
                 else None

@@ -358,7 +358,6 @@ class ThroughputGate:
         confidence: float = 1.0,
         alone_confidence: float = ALONE_CONFIDENCE,
         alone_window: int = ALONE_WINDOW,
-        veto_resets_probes: bool = False,
     ) -> None:
         check_measurement(explore_every, window, min_steps, confidence)
         if not alone_confidence >= 0:
@@ -371,9 +370,6 @@ class ThroughputGate:
         self.confidence = confidence
         self.alone_confidence = alone_confidence  # the veto's bounds at one request
         self.alone_window = alone_window  # steps kept per arm at one request
-        # Whether a drafting decision of the cost model that the gate vetoes resets the
-        # probes' back-off too (``should_draft``; the gate before session 40 did).
-        self.veto_resets_probes = veto_resets_probes
         self._buckets: dict[int, _Bucket] = {}
 
     @staticmethod
@@ -398,29 +394,18 @@ class ThroughputGate:
         ``mixed``: the step carries a prompt chunk besides its decodes.)"""
         state = self._get(num_reqs, mixed)
         state.since_explored += 1
-        if self.veto_resets_probes:
-            state.probes_in_a_row = 0
+        state.probes_in_a_row = 0  # the cost model drafts here again: probe soon if not
         # A bucket not yet measured on both arms follows its nearest measured neighbour
         # (a batch that shrank or grew into it); with none, both arms are measured first,
         # drafting first.
         judged = self._judged(state, num_reqs, mixed)
         if judged is None:
-            state.probes_in_a_row = 0  # nothing measured says drafting loses
             for arm in (DRAFTED, UNDRAFTED):
                 if len(state.samples[arm]) < self.min_steps:
                     return arm == DRAFTED
         confidence = self._confidence(state)
         bound = [judged.upper_bound(arm, confidence) for arm in (DRAFTED, UNDRAFTED)]
         best = DRAFTED if bound[DRAFTED] >= bound[UNDRAFTED] else UNDRAFTED
-        if best == DRAFTED:
-            # The cost model drafts here again and the measurements agree: should it
-            # decline the next steps, probe them soon. A veto leaves the probes' back-off
-            # as it is: the measurements that vetoed say drafting loses here (SmolLM2 on
-            # this 2-core CPU at 4 requests, session 40: the cost model chose to draft
-            # about 14 of 126 steps a window, each vetoed, and each reset had the
-            # declined steps probed every 32 instead of every 128: 3 probes a window,
-            # drafted steps twice an undrafted one's time).
-            state.probes_in_a_row = 0
         every = self.explore_every
         if best == DRAFTED and bound[DRAFTED] > bound[UNDRAFTED]:
             # A stable figure behind: re-measured as rarely as its exploring steps cost.
