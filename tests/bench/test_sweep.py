@@ -573,3 +573,16 @@ def test_sliced_tpot_leaves_out_the_other_loops_turns(tiny):
     assert fast.engine.idle_s >= 0.5
     assert result.requests > 0
     assert result.tpot_p99_ms < 50.0
+
+
+def test_time_slices_are_the_cpu_default_and_bring_two_repeats():
+    from dspark.bench.sweep import CPU_SLICE_MS, SLICED_REPEATS, resolve_defaults
+
+    cpu = resolve_defaults(_bench_args())
+    assert (cpu.slice_ms, cpu.repeats) == (CPU_SLICE_MS, SLICED_REPEATS) == (250.0, 2)
+    cuda = resolve_defaults(_bench_args("--device", "cuda"))
+    assert (cuda.slice_ms, cuda.repeats) == (0.0, 1)
+    # Given values stand.
+    given = resolve_defaults(_bench_args("--slice-ms", "0", "--repeats", "3"))
+    assert (given.slice_ms, given.repeats) == (0.0, 3)
+    assert resolve_defaults(_bench_args("--slice-ms", "100")).repeats == SLICED_REPEATS

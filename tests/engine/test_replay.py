@@ -243,6 +243,8 @@ def test_bench_with_a_shape_says_acceptance_is_replayed(tmp_path):
             str(trace_path),
             "--out",
             str(tmp_path / "out"),
+            "--slice-ms",
+            "0",
         ]
     )
     main(args)

@@ -525,6 +525,25 @@ def _measurement(
     )
 
 
+CPU_SLICE_MS = 250.0
+"""``--slice-ms`` on a CPU unless given: this 2-core VM moves whole runs by +-15% with its
+phases, and time slices put every setting in the same phases (session 40)."""
+
+SLICED_REPEATS = 2
+"""``--repeats`` with time slices unless given: windows are cheap next to the engines'
+start-up, and two give a paired range."""
+
+
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fills the options whose defaults depend on the device: ``--slice-ms``
+    (``CPU_SLICE_MS`` on a CPU, off on CUDA) and then ``--repeats``."""
+    if args.slice_ms is None:
+        args.slice_ms = 0.0 if args.device.startswith("cuda") else CPU_SLICE_MS
+    if args.repeats is None:
+        args.repeats = SLICED_REPEATS if args.slice_ms else 1
+    return args
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     cuda = torch.cuda.is_available()
     parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
@@ -575,21 +594,27 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--max-prompt-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"default: {SLICED_REPEATS} with time slices, else 1",
+    )
     parser.add_argument(
         "--slice-ms",
         type=float,
-        default=0.0,
+        default=None,
         help="time-sliced runs: per level, every setting's engine is warmed once and kept, "
         "and each repeat is a window of --window-s of every engine's own time, taken in "
         "turns of this many ms (closed loops that never drain: steady state), so every "
-        "setting meets the machine's speed of the same stretch of time; 0 (default): one "
-        "fresh engine per run, each running the level's prompts to the end",
+        "setting meets the machine's speed of the same stretch of time; 0: one fresh "
+        "engine per run, each running the level's prompts to the end (default: "
+        f"{CPU_SLICE_MS:g} on CPU, where one run moves with the VM's phases; 0 on CUDA)",
     )
     parser.add_argument(
         "--window-s",
         type=float,
-        default=10.0,
+        default=4.0,
         help="with --slice-ms: seconds of each engine's own time per repeat",
     )
     parser.add_argument("--prompts", default=None, help="tokenised prompt splits file")
@@ -682,6 +707,7 @@ def engine_for(
 
 
 def main(args: argparse.Namespace) -> None:
+    resolve_defaults(args)
     if args.repeats < 1 or min(args.concurrency) < 1:
         raise ValueError("--repeats and every --concurrency must be at least 1")
     if not (math.isfinite(args.slice_ms) and args.slice_ms >= 0):
