@@ -546,6 +546,21 @@ def test_held_back_upkeep_leaves_the_step_that_runs_it_and_prices_the_undrafted_
         flush()
 
     engine._flush_upkeep = slow_flush
+    # Each timed step's host time up to the gate's record, flushes included, and whether
+    # it flushed: the gate's figure is checked against the step's own time, so a stall
+    # of the machine (a VM's) moves both alike.
+    started, spent = [0.0, False], []
+    step, record = engine.step, gate.record
+
+    def timed_step():
+        started[:] = [time.perf_counter(), len(flushed)]
+        return step()
+
+    def timed_record(*args, **kwargs):
+        spent.append(((time.perf_counter() - started[0]) * 1e3, len(flushed) > started[1]))
+        record(*args, **kwargs)
+
+    engine.step, gate.record = timed_step, timed_record
     plain, _ = run(target, repetitive_prompts(2))
     requests = [engine.add_request(p, GREEDY) for p in repetitive_prompts(2)]
     while engine.has_unfinished():
@@ -558,13 +573,17 @@ def test_held_back_upkeep_leaves_the_step_that_runs_it_and_prices_the_undrafted_
     assert pause_ms / 3 <= engine.upkeep_ms_per_step <= pause_ms * 1.5
     first_drafted = next(i for i, (drafted, _) in enumerate(gate.log) if drafted)
     last = len(gate.log) - 1  # the step both requests finished in holds nothing back
-    for i, (drafted, wall) in enumerate(gate.log):
+    assert len(spent) == len(gate.log)
+    assert sum(ran for _, ran in spent) == len(flushed)
+    for i, ((drafted, wall), (own_ms, ran_flush)) in enumerate(zip(gate.log, spent, strict=True)):
         if drafted:
-            assert wall < pause_ms  # the flush it ran is not its own time
+            # The flush it ran is not its own time.
+            assert wall <= own_ms - (pause_ms if ran_flush else 0.0)
         elif first_drafted < i < last:
+            assert not ran_flush
             assert wall >= pause_ms / 3  # priced with its share of a catch-up
         else:
-            assert wall < pause_ms / 3  # nothing caught up yet, or nothing held back
+            assert wall <= own_ms  # nothing caught up yet, or nothing held back: no share
 
 
 def test_online_acceptance_learns_from_drafted_steps_only(tiny):
