@@ -88,6 +88,8 @@ PANELS = [
             ("s39 31da6fe", "h200/session39/b8_s39_c16"),
             ("s39 31da6fe", "h200/session39/b8_s39_c64"),
             ("s39 31da6fe", "h200/session39/b8_s39_c256"),
+            ("s40 7c59e15", "h200/session40/b8_s40_dc_c16"),
+            ("s40 7c59e15", "h200/session40/b8_s40_dc_c1"),
         ],
     ),
     (
@@ -155,6 +157,11 @@ PANELS = [
             ("s39 31da6fe", "h200/session39/s39_c16"),
             ("s39 31da6fe", "h200/session39/s39_c64"),
             ("s39 31da6fe", "h200/session39/s39_c256"),
+            ("s40 7c59e15", "h200/session40/s40_dc_c16"),
+            ("s40 7c59e15", "h200/session40/s40_dc_c64"),
+            ("s40 7c59e15", "h200/session40/s40_c64"),
+            ("s40 7c59e15", "h200/session40/s40_c256"),
+            ("s40 sliced", "h200/session40/s40_sl"),
         ],
     ),
     (
@@ -223,6 +230,7 @@ PANELS = [
             # Session 39: the main job's settings, four repeats, with depth_ceiling beside.
             ("s39 ceiling", "cpu_session39_dc"),
             ("s39 22c037d", "cpu_session39_mainjob_22c037d"),
+            ("s40 sliced", "cpu_session40_sliced"),
         ],
     ),
 ]
