@@ -231,6 +231,7 @@ PANELS = [
             ("s39 ceiling", "cpu_session39_dc"),
             ("s39 22c037d", "cpu_session39_mainjob_22c037d"),
             ("s40 sliced", "cpu_session40_sliced"),
+            ("s40 b85d222", "cpu_session40_mainjob_b85d222"),
         ],
     ),
 ]
