@@ -586,3 +586,27 @@ def test_time_slices_are_the_cpu_default_and_bring_two_repeats():
     given = resolve_defaults(_bench_args("--slice-ms", "0", "--repeats", "3"))
     assert (given.slice_ms, given.repeats) == (0.0, 3)
     assert resolve_defaults(_bench_args("--slice-ms", "100")).repeats == SLICED_REPEATS
+
+
+def test_sliced_engines_that_do_not_fit_side_by_side_say_how_to_run(tiny, monkeypatch, tmp_path):
+    import torch
+
+    from dspark.bench import sweep
+
+    built = []
+
+    def engine_for(loaded, setting, concurrency, args, replay=None):
+        if built:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        built.append(LLMEngine(tiny, EngineConfig(max_num_seqs=concurrency)))
+        return built[-1]
+
+    monkeypatch.setattr(sweep, "engine_for", engine_for)
+    monkeypatch.setattr(sweep, "bench_prompts", lambda tok, args, n: [[5, 6, i] for i in range(n)])
+    args = sweep.resolve_defaults(
+        _bench_args("--out", str(tmp_path), "--concurrency", "2", "--max-tokens", "3")
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    settings = [Setting("none", 0), Setting("fixed", 2)]
+    with pytest.raises(RuntimeError, match=r"K=2 at concurrency 2 .* 1 built .* --slice-ms 0"):
+        sweep._run_sliced(args, tiny, None, settings, params, None, {})

@@ -796,7 +796,15 @@ def _run_sliced(args, loaded, tokenizer, settings, params, replay, runs) -> str 
         warmup, measured = prompts[:num_warmup], prompts[num_warmup:]
         loops = []
         for setting in settings:
-            engine = engine_for(loaded, setting, concurrency, args, replay)
+            try:
+                engine = engine_for(loaded, setting, concurrency, args, replay)
+            except torch.OutOfMemoryError as error:
+                raise RuntimeError(
+                    f"--slice-ms keeps every setting's engine of a level alive at once, and "
+                    f"the engine for {setting.label} at concurrency {concurrency} does not fit "
+                    f"beside the {len(loops)} built before it; run with --slice-ms 0 (one "
+                    "engine at a time) or fewer settings"
+                ) from error
             if engine.drafter is not None:
                 drafter_name = type(engine.drafter).__name__
             warm_up(engine, params, concurrency, warmup, args.full_warmup)
