@@ -391,6 +391,23 @@ def test_seeded_sampling_is_reproducible_and_seeds_differ(tiny):
     assert outputs[0] == outputs[1] != outputs[2]
 
 
+def test_unseeded_requests_never_share_a_seed_when_finished_ones_are_released(tiny):
+    """A server releases each finished request; requests that arrive one at a time must
+    still sample from seeds of their own."""
+    engine = LLMEngine(tiny, EngineConfig(seed=3))
+    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    seeds, outputs = [], []
+    for _ in range(3):
+        request = engine.add_request([10, 11, 12], params)
+        seeds.append(request.generator.initial_seed())
+        while engine.has_unfinished():
+            engine.step()
+        outputs.append(request.output_ids)
+        engine.requests.pop(request.request_id)  # as the server does
+    assert seeds == [3 * 1_000_003 + i for i in range(3)]
+    assert len({tuple(o) for o in outputs}) > 1
+
+
 def test_greedy_speculation_on_smollm2_matches_plain_greedy_up_to_exact_ties(smollm2):
     from dspark.engine.llm import LLM
 

@@ -22,14 +22,15 @@ shared), whose median is less exposed to drift than the ratio of medians.
 
 ``--slice-ms``: time-sliced runs, for machines whose speed wanders within seconds (this
 2-core VM; the H200 machines' hosts, whose probes moved 2x within a call in session 40).
-Per level every setting's engine is built and warmed once and kept; each repeat is then
-a window in which every engine runs ``--window-s`` of its own time in turns of
-``--slice-ms``, round robin, its closed loop refilled from the prompts taken in order
-(and again from the start) so that it never drains: every setting is measured over the
-same stretch of wall time, at steady state. Tokens are those emitted in the engine's own
-turns; TPOT uses a request clock that leaves out the other engines' turns
-(``LLMEngine.idle_s``). All of a level's engines are alive at once, so this suits models
-whose engines fit side by side (not the 8B shape at 256).
+Per level every setting's engine is built and warmed once and kept, and the loops run a
+quarter of a window unmeasured; each repeat is then a window in which every engine runs
+``--window-s`` of its own time in rounds of ``--slice-ms``, round robin (each round takes
+every engine to the same target of its own time), its closed loop refilled from the
+prompts taken in order (and again from the start) so that it never drains: every setting
+is measured over the same stretch of wall time, at steady state. Tokens are those
+emitted in the engine's own turns; TPOT uses a request clock that leaves out the other
+engines' turns (``LLMEngine.idle_s``). All of a level's engines are alive at once, so
+this suits models whose engines fit side by side (not the 8B shape at 256).
 
 Per configuration and level: aggregate tok/s (generated tokens, each counted once, over
 the level's wall time less captures), per-user tok/s and TPOT p50/p99 from each request's own
@@ -309,14 +310,15 @@ class SlicedLoop:
         self.finished, self.busy_s = [], 0.0
         return _Marks(self.engine)
 
-    def run_slice(self, slice_s: float, window_s: float) -> None:
-        """Steps until ``slice_s`` has passed (at least one step) or the window's
-        ``window_s`` of this engine's time is used up."""
+    def run_slice(self, until_s: float) -> None:
+        """Steps (at least one) until this window's own time reaches ``until_s``: a turn
+        that overran its target starts the next one later, so over a window every loop
+        keeps pace with the rounds whatever its step time (``sliced_windows``)."""
         engine = self.engine
         start = time.perf_counter()
         if self._last_end is not None:
             engine.idle_s += start - self._last_end
-        until = min(slice_s, window_s - self.busy_s)
+        until = until_s - self.busy_s
         while True:
             while len(self.running) < self.concurrency:
                 prompt = self.prompts[self.next_prompt % len(self.prompts)]
@@ -343,27 +345,33 @@ class SlicedLoop:
 
 
 def sliced_windows(
-    loops: list[SlicedLoop], window_s: float, slice_s: float, freeze_gc: bool = True
+    loops: list[SlicedLoop],
+    window_s: float,
+    slice_s: float,
+    freeze_gc: bool = True,
+    rotation: int = 0,
 ) -> list[Measurement]:
-    """One window of ``--slice-ms``: every loop runs ``window_s`` of its own time in turns
-    of ``slice_s``, round robin (the first turn moves one loop on each round), so every
-    setting meets the machine's speed of the same stretch of wall time; a measurement
-    each, of the tokens it emitted and the requests that finished in its turns. Requests
-    in flight carry over from window to window, as does what adaptive verification
-    learnt: the steady state of a serving engine."""
+    """One window of ``--slice-ms``: every loop runs ``window_s`` of its own time in turns,
+    round robin, so every setting meets the machine's speed of the same stretch of wall
+    time; a measurement each, of the tokens it emitted and the requests that finished in
+    its turns. Round ``r`` takes each loop to ``(r + 1) * slice_s`` of its own time (a
+    loop whose last step overran that sits the round out), so loops of long steps and of
+    short ones end the window together; the first turn moves one loop on each round,
+    starting at ``rotation``. Requests in flight carry over from window to window, as
+    does what adaptive verification learnt: the steady state of a serving engine."""
     marks = [loop.begin_window() for loop in loops]
     pauses = [CollectorPauses() for _ in loops]
     probe_before = host_probe_ms()
-    turn = 0
+    turn = rotation
     with frozen_heap() if freeze_gc else nullcontext():
-        while True:
-            waiting = [i for i, loop in enumerate(loops) if loop.busy_s < window_s]
-            if not waiting:
-                break
-            for j in range(len(waiting)):
-                i = waiting[(turn + j) % len(waiting)]
-                with pauses[i].watching():
-                    loops[i].run_slice(slice_s, window_s)
+        target = 0.0
+        while any(loop.busy_s < window_s for loop in loops):
+            target = min(target + slice_s, window_s)
+            for j in range(len(loops)):
+                i = (turn + j) % len(loops)
+                if loops[i].busy_s < target:
+                    with pauses[i].watching():
+                        loops[i].run_slice(target)
             turn += 1
     probe_ms = (probe_before, host_probe_ms())
     results = []
@@ -528,6 +536,10 @@ def _measurement(
 CPU_SLICE_MS = 250.0
 """``--slice-ms`` on a CPU unless given: this 2-core VM moves whole runs by +-15% with its
 phases, and time slices put every setting in the same phases (session 40)."""
+
+PRIME_SHARE = 0.25
+"""With time slices, a level's loops first run this share of a window unmeasured
+(``_run_sliced``): requests in flight at staggered points, as in the windows after."""
 
 SLICED_REPEATS = 2
 """``--repeats`` with time slices unless given: windows are cheap next to the engines'
@@ -717,6 +729,12 @@ def main(args: argparse.Namespace) -> None:
     if any(not 1 <= k <= args.k for k in args.fixed):
         raise ValueError(f"--fixed values must be in 1..{args.k} (--k)")
     variants = checked_variants(args)  # before the model loads: bad input fails at once
+    if args.slice_ms and any(name == "small_rows" for v in variants for name, _ in v.overrides):
+        raise ValueError(
+            "a variant that sets small_rows cannot run time-sliced: the row plan it sets "
+            "is process-wide, so the engines alive together would share the last one's; "
+            "run with --slice-ms 0"
+        )
     dtype = resolve_dtype(args.dtype, args.device)
     replay = None
     if args.shape:
@@ -798,7 +816,10 @@ def _run_sliced(args, loaded, tokenizer, settings, params, replay, runs) -> str 
         for setting in settings:
             try:
                 engine = engine_for(loaded, setting, concurrency, args, replay)
+                warm_up(engine, params, concurrency, warmup, args.full_warmup)
             except torch.OutOfMemoryError as error:
+                if not loops:
+                    raise
                 raise RuntimeError(
                     f"--slice-ms keeps every setting's engine of a level alive at once, and "
                     f"the engine for {setting.label} at concurrency {concurrency} does not fit "
@@ -807,10 +828,13 @@ def _run_sliced(args, loaded, tokenizer, settings, params, replay, runs) -> str 
                 ) from error
             if engine.drafter is not None:
                 drafter_name = type(engine.drafter).__name__
-            warm_up(engine, params, concurrency, warmup, args.full_warmup)
             loops.append(SlicedLoop(engine, setting, measured, params, concurrency))
-        for _ in range(args.repeats):
-            window = sliced_windows(loops, args.window_s, args.slice_ms / 1e3, args.freeze_gc)
+        slice_s = args.slice_ms / 1e3
+        # Unmeasured: the warm-ups drained every loop, and a window that starts with all
+        # requests arriving together is not the steady state the windows measure.
+        sliced_windows(loops, args.window_s * PRIME_SHARE, slice_s, args.freeze_gc)
+        for repeat in range(args.repeats):
+            window = sliced_windows(loops, args.window_s, slice_s, args.freeze_gc, rotation=repeat)
             for result in window:
                 runs.setdefault((result.label, concurrency), []).append(result)
             _write_partial(args, runs)

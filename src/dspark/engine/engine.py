@@ -429,6 +429,10 @@ class LLMEngine:
         self.stats = EngineStats()
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        # Requests without a seed of their own take the next of these (a count, not the
+        # number of requests held: a server releases finished ones, and every request
+        # that arrived alone would have sampled from the same seed).
+        self._seeds = itertools.count()
         self.drafter: Drafter | None = None
         self.verifier: AdaptiveVerifier | None = None
         self.gate: ThroughputGate | None = None
@@ -588,7 +592,7 @@ class LLMEngine:
             seed = (
                 params.seed
                 if params.seed is not None
-                else self.config.seed * 1_000_003 + len(self.requests)
+                else self.config.seed * 1_000_003 + next(self._seeds)
             )
             generator.manual_seed(seed)
         request = Request(request_id, ids, params, self.request_clock(), generator=generator)
