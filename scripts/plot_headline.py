@@ -232,6 +232,7 @@ PANELS = [
             ("s39 22c037d", "cpu_session39_mainjob_22c037d"),
             ("s40 sliced", "cpu_session40_sliced"),
             ("s40 b85d222", "cpu_session40_mainjob_b85d222"),
+            ("s40 c9cc1c6", "cpu_session40_mainjob_c9cc1c6"),
         ],
     ),
 ]
