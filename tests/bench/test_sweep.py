@@ -3,6 +3,8 @@ its concurrency, TPOT comes from each request's own timestamps."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -358,6 +360,12 @@ def test_summary_takes_medians_over_repeats_per_depth():
     assert row["tok_s"] == 20.0 and row["tok_s_runs"] == [10.0, 30.0, 20.0]
     assert row["probe_ms_runs"] == [[0.0, 0.0]] * 3 and "probe_ms" not in row
     assert row["learnt_runs"] == [{}] * 3 and "learnt" not in row
+    # Fresh runs ran the same prompts: the first's counts. Windows: their sums.
+    assert (row["requests"], row["tokens"], row["seconds"]) == (8, 100, 1.0)
+    windows = [replace(run(t, [1, 1, 1, 1], 1), window=True) for t in (10.0, 30.0)]
+    windows[1] = replace(windows[1], requests=3, tokens=50, seconds=2.5)
+    summed = summarise(windows)
+    assert (summed["requests"], summed["tokens"], summed["seconds"]) == (11, 150, 3.5)
 
 
 def test_a_failing_run_leaves_the_heap_unfrozen_and_stops_counting(tiny):

@@ -201,6 +201,9 @@ class Measurement:
     # Adaptive: what its cost model and verifier believed at the end of the run
     # (``learnt_state``), so that runs that chose differently can be told apart.
     learnt: dict = field(default_factory=dict)
+    # A window of a time-sliced run (``--slice-ms``): its requests, tokens and seconds
+    # are that window's own, and a row sums them over the windows (``summarise``).
+    window: bool = False
 
 
 PROBE_TRIES = 7
@@ -389,6 +392,7 @@ def sliced_windows(
                 paused,
                 probe_ms,
                 freeze_gc,
+                window=True,
             )
         )
     return results
@@ -467,6 +471,7 @@ def _measurement(
     pauses: CollectorPauses,
     probe_ms: tuple[float, float],
     freeze_gc: bool,
+    window: bool = False,
 ) -> Measurement:
     """One measurement from what the engine's stats hold since ``start`` (``seconds``:
     the engine's own time, ``tokens``: those it emitted in it, ``finished``: the requests
@@ -527,6 +532,7 @@ def _measurement(
         probe_ms=probe_ms,
         phase_ms=_phase_medians(stats),
         learnt=learnt_state(engine, concurrency),
+        window=window,
         depth_steps=[stats.depth_steps[d] for d in range(setting.k + 1)]
         if setting.spec == "adaptive"
         else [],
@@ -882,8 +888,13 @@ def job_order(
 
 
 def summarise(measurements: list[Measurement]) -> dict:
-    """Medians over repeats (and each repeat's tok/s, for the spread)."""
+    """Medians over repeats (and each repeat's tok/s, for the spread). A run's
+    ``requests``, ``tokens`` and ``seconds`` are the first repeat's (every repeat runs the
+    same prompts), a time-sliced row's their sums over the windows."""
     row = asdict(measurements[0])
+    if measurements[0].window:
+        for key in ("requests", "tokens", "seconds"):
+            row[key] = sum(getattr(m, key) for m in measurements)
     for key in (
         "tok_s",
         "per_user_tok_s",
