@@ -8,7 +8,7 @@ the VM's phases alike. Prints each window's tok/s, step time and phase medians.
 
     PYTHONPATH=src python scripts/cpu_undrafted_sliced.py [WINDOWS]
 
-Session 40: four windows, adaptive / no speculation 1.031, 0.972, 1.003, 0.966.
+Session 40: four windows, adaptive / no speculation 0.996, 0.923, 0.997, 1.032.
 """
 
 import argparse

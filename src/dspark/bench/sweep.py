@@ -778,13 +778,10 @@ def _run_interleaved(args, loaded, tokenizer, settings, params, replay, runs) ->
     jobs = job_order(args.repeats, args.concurrency, settings)
     drafter_name = None
     for _, concurrency, setting in tqdm(jobs, desc="bench"):
-        count = max(args.min_requests, concurrency * args.requests_per_user)
-        num_warmup = count if args.full_warmup else concurrency
-        prompts = bench_prompts(tokenizer, args, count + num_warmup)
+        warmup, measured = _level_prompts(tokenizer, args, concurrency)
         engine = engine_for(loaded, setting, concurrency, args, replay)
         if engine.drafter is not None:
             drafter_name = type(engine.drafter).__name__
-        warmup, measured = prompts[:num_warmup], prompts[num_warmup:]
         result = measure(
             engine,
             setting,
@@ -814,10 +811,7 @@ def _run_sliced(args, loaded, tokenizer, settings, params, replay, runs) -> str 
     drafter_name = None
     progress = tqdm(total=len(args.concurrency) * args.repeats, desc="bench (sliced)")
     for concurrency in args.concurrency:
-        count = max(args.min_requests, concurrency * args.requests_per_user)
-        num_warmup = count if args.full_warmup else concurrency
-        prompts = bench_prompts(tokenizer, args, count + num_warmup)
-        warmup, measured = prompts[:num_warmup], prompts[num_warmup:]
+        warmup, measured = _level_prompts(tokenizer, args, concurrency)
         loops = []
         for setting in settings:
             try:
@@ -851,6 +845,16 @@ def _run_sliced(args, loaded, tokenizer, settings, params, replay, runs) -> str 
             torch.cuda.empty_cache()
     progress.close()
     return drafter_name
+
+
+def _level_prompts(tokenizer, args, concurrency: int) -> tuple[list, list]:
+    """A level's warm-up prompts and measured prompts (other prompts, as many as
+    ``--min-requests`` or ``--requests-per-user`` ask; the warm-up as many again with
+    ``--full-warmup``, else one per user)."""
+    count = max(args.min_requests, concurrency * args.requests_per_user)
+    num_warmup = count if args.full_warmup else concurrency
+    prompts = bench_prompts(tokenizer, args, count + num_warmup)
+    return prompts[:num_warmup], prompts[num_warmup:]
 
 
 def _write_partial(args, runs: dict) -> None:
