@@ -659,3 +659,39 @@ def test_a_small_rows_variant_is_refused_time_sliced_before_the_model_loads(monk
     args = _bench_args("--variant", "t:small_rows=transposed")
     with pytest.raises(ValueError, match=r"small_rows cannot run time-sliced.*--slice-ms 0"):
         sweep.main(args)
+
+
+def test_the_step_log_holds_every_measured_step_of_every_window(tiny, monkeypatch, tmp_path):
+    """``--step-log``: steps.json has one entry per setting and window, and its steps'
+    emitted tokens are the tokens that window measured (warm-up and priming left out)."""
+    import json
+
+    from dspark.bench import sweep
+
+    monkeypatch.setattr(
+        sweep,
+        "engine_for",
+        lambda loaded, setting, concurrency, args, replay=None: LLMEngine(
+            tiny, EngineConfig(max_num_seqs=concurrency)
+        ),
+    )
+    monkeypatch.setattr(sweep, "bench_prompts", lambda tok, args, n: [[5, 6, i] for i in range(n)])
+    args = sweep.resolve_defaults(
+        _bench_args(
+            "--out", str(tmp_path), "--concurrency", "2", "--max-tokens", "3",
+            "--window-s", "0.2", "--slice-ms", "50", "--step-log",
+        )
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    settings = [Setting("none", 0), Setting("fixed", 2)]
+    runs = {}
+    steps = sweep.StepLog(tmp_path / "steps.json")
+    sweep._run_sliced(args, tiny, None, settings, params, None, runs, steps)
+    logged = json.loads((tmp_path / "steps.json").read_text())
+    assert [(r["label"], r["repeat"]) for r in logged] == [
+        (label, repeat) for repeat in range(args.repeats) for label in ("no spec", "K=2")
+    ]
+    for entry in logged:
+        measured = runs[entry["label"], 2][entry["repeat"]]
+        emitted = entry["fields"].index("emitted")
+        assert sum(step[emitted] for step in entry["steps"]) == measured.tokens > 0

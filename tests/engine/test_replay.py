@@ -580,6 +580,7 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
         num_tokens=3,
     )
     assert engine._shared_budget(batch, [3, 1, 3]) == (0 + 1 + 2, "shares")
+    assert engine._shared_budget(batch, [3, 1, 3], deferred=True) == (0 + 1 + 2, "shares")
     engine.verifier.max_total_logits = 3 + 2  # two drafts beside the three bonus tokens
     assert engine._shared_budget(batch, [3, 3, 3]) == (2, "shares")
     engine.verifier.max_total_logits = 1000
@@ -607,6 +608,10 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
         num_tokens=8,
     )
     assert engine._shared_budget(mixed, [3, 1, 3]) == (5, "recut")
+    # Deferred (``_plan_while_drafting``): the recut comes back uncomputed, the same cut
+    # once called (the shares' sum, above, comes back as a number).
+    later, source = engine._shared_budget(mixed, [3, 1, 3], deferred=True)
+    assert callable(later) and source == "recut" and later() == 5
     engine._shares = (5, 3, {0: 3, 1: 2, 2: 0}, None, {0: 0, 1: 1, 2: 2})
     assert engine._shared_budget(mixed, [3, 1, 3]) is None  # nothing was ranked ahead
     engine.config = dataclasses.replace(engine.config, lookahead_shares="all")
@@ -614,6 +619,31 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
     engine._priced_step = (3, 3, 3, 0)
     batch.slot_list = [2, 0, 3]  # slot 3 was not planned for
     assert engine._shared_budget(batch, [3, 3, 3]) is None
+
+
+def test_the_step_log_accounts_for_every_step_token_and_draft(shaped, draft_model, monkeypatch):
+    """``EngineStats.step_log`` (``dspark bench --step-log``): one row a step whose
+    emitted tokens and verified drafts add up to the engine's counts, whose forward ran
+    on the step's non-draft tokens plus its drafts, whose phases fit inside its time, and
+    which drafts only as deep as it decided."""
+    from dspark.engine.engine import STEP_FIELDS
+
+    engine, _, depths = _adaptive_run(shaped, draft_model, "on", monkeypatch, shares="decode")
+    stats = engine.stats
+    rows = [dict(zip(STEP_FIELDS, row, strict=True)) for row in stats.step_log]
+    assert len(rows) == stats.num_steps == len(stats.forward_ms)
+    assert sum(r["emitted"] for r in rows) == stats.num_generated
+    assert sum(r["drafts"] for r in rows) == stats.num_verified - stats.num_decode_rounds
+    assert rows[0]["chunk_tokens"] > 0  # the first step computes prompts
+    assert any(r["chunk_tokens"] == 0 for r in rows)  # decodes alone
+    assert sorted(r["depth"] for r in rows if r["depth"]) == sorted(d for d in depths if d)
+    for r in rows:
+        assert r["tokens"] == r["requests"] + r["chunk_tokens"] + r["drafts"]
+        assert r["drafts"] <= r["depth"] * r["requests"] <= 7 * r["requests"]
+        assert r["wall_ms"] >= r["draft_ms"] + r["forward_ms"] + r["apply_ms"] - 1e-6
+        assert r["draft_ms"] >= r["schedule_ms"] >= 0.0
+        assert r["schedule_ms"] == 0.0 or r["depth"] > 0  # only drafted steps allocate
+        assert r["graph_tokens"] == r["covered"] == r["captured"] == 0  # CPU: eager
 
 
 class TimedDepthCost(DepthCost):

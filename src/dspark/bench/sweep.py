@@ -57,7 +57,7 @@ from tqdm import tqdm
 
 from dspark.bench.provenance import source_digest
 from dspark.engine.drafter import DSparkDrafter
-from dspark.engine.engine import EngineConfig, LLMEngine, drafter_rows
+from dspark.engine.engine import STEP_FIELDS, EngineConfig, LLMEngine, drafter_rows
 from dspark.engine.graphs import CAPTURE_AFTER_WASTE
 from dspark.engine.heap import CollectorPauses, frozen_heap
 from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
@@ -635,6 +635,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=4.0,
         help="with --slice-ms: seconds of each engine's own time per repeat",
     )
+    parser.add_argument(
+        "--step-log",
+        action="store_true",
+        help="also write steps.json: every measured step of every run (its time, its "
+        "phases, its batch, how deep it drafted, how its forward ran; "
+        "dspark.engine.engine.STEP_FIELDS), for scripts/step_log.py",
+    )
     parser.add_argument("--prompts", default=None, help="tokenised prompt splits file")
     parser.add_argument("--out", default="bench-results", help="directory for JSON and PNG")
     parser.add_argument(
@@ -767,12 +774,15 @@ def main(args: argparse.Namespace) -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[str, int], list[Measurement]] = {}
     run = _run_sliced if args.slice_ms else _run_interleaved
-    drafter_name = run(args, loaded, tokenizer, settings, params, replay, runs)
+    steps = StepLog(Path(args.out) / "steps.json") if args.step_log else None
+    drafter_name = run(args, loaded, tokenizer, settings, params, replay, runs, steps)
     rows = [summarise(measurements) for measurements in runs.values()]
     report(rows, args, dtype, drafter_name, replay)
 
 
-def _run_interleaved(args, loaded, tokenizer, settings, params, replay, runs) -> str | None:
+def _run_interleaved(
+    args, loaded, tokenizer, settings, params, replay, runs, steps=None
+) -> str | None:
     """Every (repeat, level, setting) a run of its own on a fresh engine (``job_order``);
     returns the drafter's class name."""
     jobs = job_order(args.repeats, args.concurrency, settings)
@@ -793,6 +803,8 @@ def _run_interleaved(args, loaded, tokenizer, settings, params, replay, runs) ->
             args.freeze_gc,
         )
         runs.setdefault((setting.label, concurrency), []).append(result)
+        if steps is not None:
+            steps.add(result, len(runs[setting.label, concurrency]) - 1, engine)
         # An engine holds reference cycles (its scheduler calls back into it): collected
         # now, not by a cycle collection that would pause some later setting's run.
         del engine
@@ -803,7 +815,9 @@ def _run_interleaved(args, loaded, tokenizer, settings, params, replay, runs) ->
     return drafter_name
 
 
-def _run_sliced(args, loaded, tokenizer, settings, params, replay, runs) -> str | None:
+def _run_sliced(
+    args, loaded, tokenizer, settings, params, replay, runs, steps=None
+) -> str | None:
     """``--slice-ms``: per level, every setting's engine warmed once and kept; then each
     repeat is one window of ``--window-s`` of every engine's own time, run in turns
     (``sliced_windows``). All of a level's engines are alive at once (their KV caches and
@@ -835,8 +849,10 @@ def _run_sliced(args, loaded, tokenizer, settings, params, replay, runs) -> str 
         sliced_windows(loops, args.window_s * PRIME_SHARE, slice_s, args.freeze_gc)
         for repeat in range(args.repeats):
             window = sliced_windows(loops, args.window_s, slice_s, args.freeze_gc, rotation=repeat)
-            for result in window:
+            for loop, result in zip(loops, window, strict=True):
                 runs.setdefault((result.label, concurrency), []).append(result)
+                if steps is not None:
+                    steps.add(result, repeat, loop.engine)
             _write_partial(args, runs)
             progress.update()
         del loops, engine  # reference cycles: collected now, not in a later window
@@ -855,6 +871,34 @@ def _level_prompts(tokenizer, args, concurrency: int) -> tuple[list, list]:
     num_warmup = count if args.full_warmup else concurrency
     prompts = bench_prompts(tokenizer, args, count + num_warmup)
     return prompts[:num_warmup], prompts[num_warmup:]
+
+
+class StepLog:
+    """``--step-log``: every measured run's steps (``EngineStats.step_log``, fields
+    ``STEP_FIELDS``), rewritten to ``path`` after each run so an interrupted bench keeps
+    what it measured."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.runs: list[dict] = []
+
+    def add(self, result: Measurement, repeat: int, engine: LLMEngine) -> None:
+        rows = list(engine.stats.step_log)
+        if len(rows) < engine.stats.num_steps:
+            print(
+                f"[dspark] --step-log: {result.label} at {result.concurrency} ran "
+                f"{engine.stats.num_steps} steps; the log keeps the last {len(rows)}"
+            )
+        self.runs.append(
+            {
+                "label": result.label,
+                "concurrency": result.concurrency,
+                "repeat": repeat,
+                "fields": list(STEP_FIELDS),
+                "steps": [[round(v, 4) if isinstance(v, float) else v for v in row] for row in rows],
+            }
+        )
+        self.path.write_text(json.dumps(self.runs))
 
 
 def _write_partial(args, runs: dict) -> None:

@@ -9,10 +9,12 @@ accepts drafts and emits tokens; rejected positions roll back in O(1).
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import numbers
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -276,6 +278,25 @@ class EngineConfig:
             )
 
 
+STEP_FIELDS = (
+    "wall_ms",  # the step, start to end (a held-back upkeep flush included)
+    "flush_ms",  # of it, catching up held-back drafter upkeep
+    "draft_ms",  # the drafting phase (depth decision, proposal, budget, allocation)
+    "forward_ms",  # the target's forward (device-synchronised)
+    "apply_ms",  # verification, emission, the drafter's context update
+    "schedule_ms",  # adaptive: budget and allocation after the proposal
+    "requests",  # requests in the batch
+    "chunk_tokens",  # non-draft tokens past one a request: prompt chunks (0: decodes alone)
+    "tokens",  # tokens the target's forward ran on (drafts included)
+    "depth",  # drafting depth of the proposal (0: undrafted)
+    "drafts",  # drafts verified
+    "emitted",  # tokens emitted
+    "graph_tokens",  # tokens of the captured shape replayed (0: eager)
+    "covered",  # replayed a larger captured shape than its own
+    "captured",  # captured a CUDA graph
+)
+
+
 @dataclass
 class EngineStats:
     num_steps: int = 0
@@ -327,6 +348,9 @@ class EngineStats:
     draft_phase_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     apply_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     observe_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    # One tuple per step, fields ``STEP_FIELDS``: what a benchmark needs to say which
+    # steps make a difference in step time (``dspark bench --step-log``).
+    step_log: deque[tuple] = field(default_factory=lambda: deque(maxlen=10_000))
 
     @property
     def acceptance_length(self) -> float:
@@ -665,8 +689,11 @@ class LLMEngine:
         self._unrecorded = None  # recorded in every forward; left only by a failed step
         self._unrecorded_draft = None
         self._round_rows = None
+        self._step_depth, self._step_schedule_ms, self._step_graph_tokens = 0, 0.0, 0
+        covered = self.graphs.num_covered if self.graphs is not None else 0
         drafts, draft_probs = self._draft(chunks)
-        self.stats.draft_phase_ms.append((time.perf_counter() - phase) * 1e3)
+        draft_ms = (time.perf_counter() - phase) * 1e3
+        self.stats.draft_phase_ms.append(draft_ms)
         tokens, num_cached, num_query = [], [], []
         for chunk, extra in zip(chunks, drafts, strict=True):
             request = chunk.request
@@ -716,7 +743,8 @@ class LLMEngine:
         phase = time.perf_counter()
         touched = self._apply(chunks, drafts, draft_probs, logits, owners, row_starts, features)
         end = time.perf_counter()
-        self.stats.apply_ms.append((end - phase) * 1e3)
+        apply_ms = (end - phase) * 1e3
+        self.stats.apply_ms.append(apply_ms)
         if not self.scheduler.running:
             self._deferred.clear()  # held-back updates of requests that all finished
         # A step that captured a graph is not a typical step of its kind: not timed. The
@@ -751,6 +779,26 @@ class LLMEngine:
                 else:
                     self._record_step(timing, forward_ms, padded)
         self.stats.capture_steps += self.num_captures() != captures
+        num_drafts = sum(len(extra) for extra in drafts)
+        self.stats.step_log.append(
+            (
+                (time.perf_counter() - step_start) * 1e3,
+                flush_ms,
+                draft_ms,
+                self.stats.forward_ms[-1],
+                apply_ms,
+                self._step_schedule_ms,
+                len(chunks),
+                int(ends[-1]) - num_drafts - len(chunks),
+                int(ends[-1]),
+                self._step_depth,
+                num_drafts,
+                self.stats.num_generated - generated,
+                self._step_graph_tokens,
+                int(self.graphs is not None and self.graphs.num_covered != covered),
+                int(self.num_captures() != captures),
+            )
+        )
         return touched
 
     def _time_padding(self, forward_ms: float) -> None:
@@ -803,6 +851,7 @@ class LLMEngine:
         the next forward."""
         shape = None if self.graphs is None else self.graphs.shape_for(num_cached, num_query)
         if shape is not None:
+            self._step_graph_tokens = shape.num_tokens
             outputs = self.graphs.run(tables, num_cached, num_query, tokens, shape=shape)
             self.key_rows = self.graphs.key_rows
             return outputs[0], outputs[1:]
@@ -860,6 +909,7 @@ class LLMEngine:
                 self.stats.undrafted_steps += 1
                 return drafts, probs
             limits = np.minimum(limits, depth)
+        self._step_depth = int(limits.max())
         self._timed_flush()  # the drafter's context must be complete before it drafts
         captures = self.num_captures()
         requests = [chunks[i].request for i in decode_index]
@@ -912,13 +962,22 @@ class LLMEngine:
         ):
             return None
         limit_list = limits.tolist()
-        shared = self._shared_budget(batch, limit_list)
+        step = self._step_index
+        shared = self._shared_budget(batch, limit_list, deferred=True)
         if shared is not None:  # the look-ahead's ranking covers this batch: nothing to plan
-            self._planned = (self._step_index, limit_list, *shared)
-            return None
+            budget, source = shared
+            if not callable(budget):
+                self._planned = (step, limit_list, budget, source)
+                return None
+
+            def recut() -> None:  # a step with a prompt chunk: its ranking cut again
+                start = time.perf_counter()
+                self._planned = (step, limit_list, budget(), source)
+                self.stats.lookahead_ms.append((time.perf_counter() - start) * 1e3)
+
+            return recut
         num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
         num_drafts[batch.decode_index] = limits
-        step = self._step_index
 
         def plan() -> None:
             start = time.perf_counter()
@@ -927,7 +986,9 @@ class LLMEngine:
 
         return plan
 
-    def _shared_budget(self, batch: _Batch, counts: list[int]) -> tuple[int, str] | None:
+    def _shared_budget(
+        self, batch: _Batch, counts: list[int], deferred: bool = False
+    ) -> tuple[int | Callable[[], int], str] | None:
         """The budget the look-ahead's plan gives this step without planning it, and how
         (``EngineConfig.lookahead_shares``), or None when that plan does not cover the
         step: planned for another step or depth, or a decoding request was not planned
@@ -936,7 +997,9 @@ class LLMEngine:
         a step that carries a prompt chunk; with "decode" such a step takes the plan's
         ranking of its decoding requests cut again at its own prices ("recut",
         ``AdaptiveVerifier.recut``): the chunk's tokens move the step along the captured
-        sizes."""
+        sizes. ``deferred``: a recut comes back as the call that computes it, for
+        ``_plan_while_drafting`` to run while the drafter's passes run (it reads only
+        what is known before the proposal), not before they are queued."""
         shares = self._shares
         if shares is None or shares[0] != self._step_index or not counts:
             return None
@@ -954,7 +1017,8 @@ class LLMEngine:
             picked = survival[rows]  # a copy, in decoding order
             if min(counts) < depth:  # a request near its length limit drafted fewer
                 picked *= np.arange(picked.shape[1]) < np.array(counts)[:, None]
-            budget = self.verifier.recut(
+            recut = functools.partial(
+                self.verifier.recut,
                 picked,
                 num_drafts=sum(counts),
                 num_reqs=priced[0],
@@ -963,7 +1027,7 @@ class LLMEngine:
                 depth=max(counts),
                 context_tokens=batch.context,
             )
-            return budget, "recut"
+            return (recut if deferred else recut()), "recut"
         budget = 0
         for i, count in zip(batch.decode_list, counts, strict=True):
             share = of_slot.get(slot_list[i])
@@ -1285,7 +1349,8 @@ class LLMEngine:
                 admitted = allocate_drafts(rows[:, :deepest], np.array(counts), budget).tolist()
             for i, count in zip(decoding, admitted, strict=True):
                 del drafts[i][count:]
-        self.stats.schedule_ms.append((time.perf_counter() - start) * 1e3)
+        self._step_schedule_ms = (time.perf_counter() - start) * 1e3
+        self.stats.schedule_ms.append(self._step_schedule_ms)
 
     def _filled_budget(self, batch: _Batch, counts: list[int], budget: int, total: int) -> int:
         """``EngineConfig.fill_padding``: the budget raised to verify as many drafts as the
