@@ -121,7 +121,10 @@ PARTS = (
     "_drafting_depth",
     "_timed_flush",
     "_plan_while_drafting",
+    "_shared_budget",
+    "_reuses",
     "_admit_adaptively",
+    "_filled_budget",
     "_clock",
     "_to_device",
     "_apply",
@@ -130,7 +133,8 @@ PARTS = (
 """``PHASES=1``: the engine methods timed one by one within each step (host ms summed per
 step; ``_clock`` is the device synchronisations around the timed phases), besides the
 plan run while the drafter's passes are queued (``plan in draft``), the gate's record
-(``gate record``) and the scheduler's ``schedule`` (``schedule``)."""
+(``gate record``), the allocation (``allocate_drafts``) and the scheduler's
+``schedule`` (``schedule``). Nested methods count in their callers too."""
 
 
 def time_parts(engine) -> dict:
@@ -165,6 +169,11 @@ def time_parts(engine) -> dict:
             setattr(engine, name, timed(name, method))
     if engine.gate is not None:
         engine.gate.record = timed("gate record", engine.gate.record)
+    import dspark.engine.engine as engine_module
+
+    unwrapped = getattr(engine_module.allocate_drafts, "unwrapped", engine_module.allocate_drafts)
+    engine_module.allocate_drafts = timed("allocate_drafts", unwrapped)
+    engine_module.allocate_drafts.unwrapped = unwrapped
     return parts
 
 
@@ -383,6 +392,14 @@ def print_full_batch_by_depth(log, num_reqs, adaptive) -> None:
                 f"{name} {np.median([e.get(name, 0.0) for e in entries]):.3f}" for name in names
             )
             print(f"    host parts, depth {depth} ({len(entries)} steps), median ms: {cells}")
+        # Every drafted step, any batch (with a prompt chunk too): mean ms a step.
+        drafted = [e for e in timed if not e["undrafted"] and e["depth"] and not e["capture"]]
+        if drafted:
+            cells = ", ".join(
+                f"{name} {np.mean([e['parts'].get(name, 0.0) for e in drafted]):.3f}"
+                for name in names
+            )
+            print(f"    host parts, every drafted step ({len(drafted)}), mean ms: {cells}")
     if adaptive and sequence:  # the depth chosen, step by step (runs: depth x count)
         runs = []
         for depth in sequence:
