@@ -98,8 +98,10 @@ def decompose(reference: dict, other: dict) -> None:
 def main() -> None:
     pooled = load(sys.argv[1])
     labels = sorted({label for _, label in pooled})
-    reference = sys.argv[2] if len(sys.argv) > 2 else next(
-        (lb for lb in labels if lb.startswith("K=")), labels[0]
+    reference = (
+        sys.argv[2]
+        if len(sys.argv) > 2
+        else next((lb for lb in labels if lb.startswith("K=")), labels[0])
     )
     for level in sorted({c for c, _ in pooled}):
         print(f"\n=== concurrency {level}")

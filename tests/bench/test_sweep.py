@@ -678,8 +678,17 @@ def test_the_step_log_holds_every_measured_step_of_every_window(tiny, monkeypatc
     monkeypatch.setattr(sweep, "bench_prompts", lambda tok, args, n: [[5, 6, i] for i in range(n)])
     args = sweep.resolve_defaults(
         _bench_args(
-            "--out", str(tmp_path), "--concurrency", "2", "--max-tokens", "3",
-            "--window-s", "0.2", "--slice-ms", "50", "--step-log",
+            "--out",
+            str(tmp_path),
+            "--concurrency",
+            "2",
+            "--max-tokens",
+            "3",
+            "--window-s",
+            "0.2",
+            "--slice-ms",
+            "50",
+            "--step-log",
         )
     )
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)

@@ -119,6 +119,31 @@ def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(tmp_path, 
     assert (shared > 0) == (lookahead == "on")
 
 
+def test_greedy_speculation_with_cuts_left_unmade_equals_plain_greedy(tmp_path, monkeypatch):
+    """``EngineConfig.cheap_cuts``: a step that verifies all its drafts where its budget
+    would cut them (here every such step: ``_cut_is_dear`` forced) stays lossless."""
+    from tests.models.test_drafter import random_drafter
+
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    drafter = random_drafter(target, block_size=5)
+    prompts = repetitive_prompts(10)
+    plain, _ = run(target, prompts)
+    monkeypatch.setattr(LLMEngine, "_cut_is_dear", lambda self, batch, budget, total: True)
+    out, engine = run(
+        target,
+        prompts,
+        spec="adaptive",
+        num_drafts=5,
+        cost_model=RandomCost(0),
+        drafter_model=drafter,
+        lookahead="on",
+        max_num_seqs=4,
+        cheap_cuts="on",
+    )
+    assert [o.token_ids for o in out] == [o.token_ids for o in plain]
+    assert engine.stats.cheap_cuts > 0
+
+
 def restless_ceiling(k):
     """A depth ceiling that moves on any measured difference after two steps an arm and
     searches again two steps after it settles: its steps draft at many depths below what

@@ -311,7 +311,9 @@ class DepthCost:
         return 0.5 + 0.2 * (7 if depth is None else depth)
 
 
-def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=None, shares="off"):
+def _adaptive_run(
+    shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=None, shares="off", **config
+):
     """Ten requests through four slots, with staggered lengths: batches change as requests
     finish and join, and limits fall below K near each request's end. Each request's
     latest round is taken as it is (predictiveness held at 1), so a decision depends on
@@ -334,6 +336,7 @@ def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=
             lookahead_reuse=reuse,
             lookahead_shares=shares,
             calibrate_survival=True,
+            **config,
         ),
         drafter=ReplayDrafter(inner, AcceptanceTrace.load(), seed=1),
         cost_model=cost or DepthCost(),
@@ -644,6 +647,49 @@ def test_the_step_log_accounts_for_every_step_token_and_draft(shaped, draft_mode
         assert r["draft_ms"] >= r["schedule_ms"] >= 0.0
         assert r["schedule_ms"] == 0.0 or r["depth"] > 0  # only drafted steps allocate
         assert r["graph_tokens"] == r["covered"] == r["captured"] == 0  # CPU: eager
+
+
+def test_a_cut_is_left_unmade_where_verifying_its_drafts_costs_less_than_cutting(
+    shaped, draft_model, monkeypatch
+):
+    """``EngineConfig.cheap_cuts``: ``DepthCost`` prices a draft's verification at 0.4 ms,
+    so with cuts measured at 0.5 ms a cut of one draft is not worth making and one of two
+    is; nothing is skipped before a cut was timed, and after ``CUT_RETIME`` skips in a
+    row the next cut is made (and timed)."""
+    from dspark.engine.engine import CUT_RETIME
+
+    engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, cheap_cuts="on")
+    assert engine.stats.budget_cuts > 0 and engine._cut_ms is not None  # cuts were timed
+    batch = _Batch(
+        slots=np.array([0, 1]),
+        decode_index=np.arange(2),
+        non_draft=np.ones(2, dtype=np.int64),
+        num_sampling=2,
+        context=0,
+        slot_list=[0, 1],
+        decode_list=[0, 1],
+        num_tokens=2,
+    )
+    engine._cut_ms, engine._cuts_skipped = None, 0
+    assert not engine._cut_is_dear(batch, 5, 6)  # no cut timed yet
+    engine._cut_ms = 0.5
+    assert not engine._cut_is_dear(batch, 4, 6)  # 0.8 ms of verification saved
+    skipped = [engine._cut_is_dear(batch, 5, 6) for _ in range(2 * CUT_RETIME + 2)]
+    assert skipped == ([True] * CUT_RETIME + [False]) * 2  # 0.4 ms saved: skipped
+    with pytest.raises(ValueError, match="cheap_cuts"):
+        EngineConfig(cheap_cuts="sometimes")
+
+
+def test_unmade_cuts_verify_more_drafts(shaped, draft_model, monkeypatch):
+    """Every cut left unmade (``_cut_is_dear`` forced): steps verify all their drafts
+    where the plan cut them (only budgets of zero still cut: nothing to allocate)."""
+    cut, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, cheap_cuts="off")
+    assert cut.stats.budget_cuts > 0 and cut.stats.cheap_cuts == 0
+    monkeypatch.setattr(LLMEngine, "_cut_is_dear", lambda self, batch, budget, total: True)
+    whole, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, cheap_cuts="on")
+    assert whole.stats.cheap_cuts > 0
+    assert whole.stats.budget_cuts < cut.stats.budget_cuts
+    assert whole.stats.verified_per_step > cut.stats.verified_per_step
 
 
 class TimedDepthCost(DepthCost):

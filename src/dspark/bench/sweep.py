@@ -172,6 +172,7 @@ class Measurement:
     # Adaptive: steps whose budget rose into the padding of the graph they replayed, and
     # the drafts that added (``EngineConfig.fill_padding``).
     filled_steps: int = 0
+    cheap_cuts: int = 0  # adaptive: drafts all verified, the cut priced dearer (EngineConfig)
     filled_drafts: int = 0
     tok_s_wall: float = 0.0  # generated tokens over the whole wall time, captures included
     undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
@@ -512,6 +513,7 @@ def _measurement(
         covered_steps=covered,
         covered_tokens=padding,
         filled_steps=stats.filled_steps,
+        cheap_cuts=stats.cheap_cuts,
         filled_drafts=stats.filled_drafts,
         tok_s_wall=tokens / seconds,
         undrafted_steps=stats.undrafted_steps,
@@ -815,9 +817,7 @@ def _run_interleaved(
     return drafter_name
 
 
-def _run_sliced(
-    args, loaded, tokenizer, settings, params, replay, runs, steps=None
-) -> str | None:
+def _run_sliced(args, loaded, tokenizer, settings, params, replay, runs, steps=None) -> str | None:
     """``--slice-ms``: per level, every setting's engine warmed once and kept; then each
     repeat is one window of ``--window-s`` of every engine's own time, run in turns
     (``sliced_windows``). All of a level's engines are alive at once (their KV caches and
@@ -895,7 +895,9 @@ class StepLog:
                 "concurrency": result.concurrency,
                 "repeat": repeat,
                 "fields": list(STEP_FIELDS),
-                "steps": [[round(v, 4) if isinstance(v, float) else v for v in row] for row in rows],
+                "steps": [
+                    [round(v, 4) if isinstance(v, float) else v for v in row] for row in rows
+                ],
             }
         )
         self.path.write_text(json.dumps(self.runs))
@@ -957,6 +959,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "covered_steps",
         "covered_tokens",
         "filled_steps",
+        "cheap_cuts",
         "filled_drafts",
         "tok_s_wall",
         "undrafted_steps",
