@@ -18,7 +18,15 @@ from collections import defaultdict
 
 import numpy as np
 
-PHASES = ("draft_ms", "forward_ms", "apply_ms", "schedule_ms", "flush_ms")
+PHASES = (
+    "draft_ms",
+    "before_ms",
+    "propose_ms",
+    "schedule_ms",
+    "forward_ms",
+    "apply_ms",
+    "flush_ms",
+)
 
 
 def kind(step: dict) -> str:

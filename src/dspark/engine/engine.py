@@ -295,6 +295,8 @@ STEP_FIELDS = (
     "forward_ms",  # the target's forward (device-synchronised)
     "apply_ms",  # verification, emission, the drafter's context update
     "schedule_ms",  # adaptive: budget and allocation after the proposal
+    "before_ms",  # of the drafting phase, before the proposal (depth, plans, flush)
+    "propose_ms",  # of it, the proposal (device-synchronised)
     "requests",  # requests in the batch
     "chunk_tokens",  # non-draft tokens past one a request: prompt chunks (0: decodes alone)
     "tokens",  # tokens the target's forward ran on (drafts included)
@@ -710,6 +712,7 @@ class LLMEngine:
             return []
         self._step_index += 1
         phase = step_start = time.perf_counter()
+        self._step_start_ms = step_start * 1e3
         generated, captures = self.stats.num_generated, self.num_captures()
         self._priced_step = None
         self._overruled = False
@@ -719,6 +722,7 @@ class LLMEngine:
         self._unrecorded_draft = None
         self._round_rows = None
         self._step_depth, self._step_schedule_ms, self._step_graph_tokens = 0, 0.0, 0
+        self._step_before_ms = self._step_propose_ms = 0.0
         covered = self.graphs.num_covered if self.graphs is not None else 0
         drafts, draft_probs = self._draft(chunks)
         draft_ms = (time.perf_counter() - phase) * 1e3
@@ -817,6 +821,8 @@ class LLMEngine:
                 self.stats.forward_ms[-1],
                 apply_ms,
                 self._step_schedule_ms,
+                self._step_before_ms,
+                self._step_propose_ms,
                 len(chunks),
                 int(ends[-1]) - num_drafts - len(chunks),
                 int(ends[-1]),
@@ -944,11 +950,13 @@ class LLMEngine:
         requests = [chunks[i].request for i in decode_index]
         overlap = None if batch is None else self._plan_while_drafting(batch, limits)
         start = self._clock()
+        self._step_before_ms = start - self._step_start_ms
         if overlap is None:
             proposal: Proposal = self.drafter.propose(requests, limits)
         else:
             proposal = self.drafter.propose(requests, limits, while_drafting=overlap)
         drafter_ms = self._clock() - start
+        self._step_propose_ms = drafter_ms
         self.stats.drafter_ms.append(drafter_ms)
         cost_model = None if batch is None else self.verifier.cost_model
         # A proposal that captured a graph is no measure of drafting's price.
