@@ -5,13 +5,14 @@ and mean time and phases, and then, against a reference setting, how much of the
 difference in mean step time comes from how often each kind ran and how much from what
 each kind cost.
 
-    PYTHONPATH=src python scripts/step_log.py DIR/steps.json [REFERENCE_LABEL]
+    PYTHONPATH=src python scripts/step_log.py DIR/steps.json[.gz] [REFERENCE_LABEL]
 
 REFERENCE_LABEL defaults to the first fixed K in the file. Times are the engine's own,
 inside ``LLMEngine.step`` (the closed loop's work between steps is not in them), pooled
 over the repeats (windows) of each setting.
 """
 
+import gzip
 import json
 import sys
 from collections import defaultdict
@@ -41,7 +42,10 @@ def kind(step: dict) -> str:
 def load(path: str) -> dict:
     """(concurrency, label) -> list of step dicts, pooled over repeats."""
     pooled = defaultdict(list)
-    for run in json.load(open(path)):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as file:
+        runs = json.load(file)
+    for run in runs:
         fields = run["fields"]
         for row in run["steps"]:
             pooled[run["concurrency"], run["label"]].append(dict(zip(fields, row, strict=True)))
