@@ -162,6 +162,9 @@ PANELS = [
             ("s40 7c59e15", "h200/session40/s40_c64"),
             ("s40 7c59e15", "h200/session40/s40_c256"),
             ("s40 sliced", "h200/session40/s40_sl"),
+            ("s41 sliced", "h200/session41/s41_sl"),
+            ("s41 cheap cuts", "h200/session41/s41_cc"),
+            ("s41 c64", "h200/session41/s41_c64"),
         ],
     ),
     (
