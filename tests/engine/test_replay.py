@@ -645,6 +645,9 @@ def test_the_step_log_accounts_for_every_step_token_and_draft(shaped, draft_mode
         assert r["drafts"] <= r["depth"] * r["requests"] <= 7 * r["requests"]
         assert r["wall_ms"] >= r["draft_ms"] + r["forward_ms"] + r["apply_ms"] - 1e-6
         assert r["draft_ms"] >= r["before_ms"] + r["propose_ms"] + r["schedule_ms"] - 1e-6
+        parts = r["shape_ms"] + r["decide_ms"] + r["plan_ms"] + r["sync_ms"]
+        assert min(r["shape_ms"], r["decide_ms"], r["plan_ms"], r["sync_ms"]) >= 0.0
+        assert parts <= r["draft_ms"] + 1e-6 and (r["depth"] == 0 or parts <= r["before_ms"] + 1e-6)
         assert (r["propose_ms"] > 0.0) == (r["depth"] > 0)
         assert r["schedule_ms"] == 0.0 or r["depth"] > 0  # only drafted steps allocate
         assert r["graph_tokens"] == r["covered"] == r["captured"] == 0  # CPU: eager

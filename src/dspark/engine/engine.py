@@ -296,6 +296,10 @@ STEP_FIELDS = (
     "apply_ms",  # verification, emission, the drafter's context update
     "schedule_ms",  # adaptive: budget and allocation after the proposal
     "before_ms",  # of the drafting phase, before the proposal (depth, plans, flush)
+    "shape_ms",  # of that, adaptive: the batch's shape (``_batch_shape``)
+    "decide_ms",  # the depth decision (``_drafting_depth``)
+    "plan_ms",  # the budget planned or taken before the drafter runs
+    "sync_ms",  # waiting for the device before the proposal's timer starts
     "propose_ms",  # of it, the proposal (device-synchronised)
     "requests",  # requests in the batch
     "chunk_tokens",  # non-draft tokens past one a request: prompt chunks (0: decodes alone)
@@ -723,6 +727,7 @@ class LLMEngine:
         self._round_rows = None
         self._step_depth, self._step_schedule_ms, self._step_graph_tokens = 0, 0.0, 0
         self._step_before_ms = self._step_propose_ms = 0.0
+        self._step_before = (0.0, 0.0, 0.0, 0.0)  # shape, decide, plan, sync (ms)
         covered = self.graphs.num_covered if self.graphs is not None else 0
         drafts, draft_probs = self._draft(chunks)
         draft_ms = (time.perf_counter() - phase) * 1e3
@@ -822,6 +827,7 @@ class LLMEngine:
                 apply_ms,
                 self._step_schedule_ms,
                 self._step_before_ms,
+                *self._step_before,
                 self._step_propose_ms,
                 len(chunks),
                 int(ends[-1]) - num_drafts - len(chunks),
@@ -937,20 +943,34 @@ class LLMEngine:
         limit_list = [self._draft_limit(chunks[i]) for i in decode_index]
         limits = np.array(limit_list)
         batch = None
+        shaped = decided = 0.0
         if self.verifier is not None:
+            begin = time.perf_counter()
             batch = self._batch_shape(chunks, decode_index)
+            shaped = time.perf_counter()
             depth = self._drafting_depth(batch, limits, min(limit_list))
+            decided = time.perf_counter()
+            shaped, decided = shaped - begin, decided - shaped
             if depth == 0:
                 self.stats.undrafted_steps += 1
+                self._step_before = (shaped * 1e3, decided * 1e3, 0.0, 0.0)
                 return drafts, probs
             limits = np.minimum(limits, depth)
         self._step_depth = int(limits.max())
         self._timed_flush()  # the drafter's context must be complete before it drafts
         captures = self.num_captures()
         requests = [chunks[i].request for i in decode_index]
+        begin = time.perf_counter()
         overlap = None if batch is None else self._plan_while_drafting(batch, limits)
+        planned = time.perf_counter()
         start = self._clock()
         self._step_before_ms = start - self._step_start_ms
+        self._step_before = (
+            shaped * 1e3,
+            decided * 1e3,
+            (planned - begin) * 1e3,
+            start - planned * 1e3,
+        )
         if overlap is None:
             proposal: Proposal = self.drafter.propose(requests, limits)
         else:
