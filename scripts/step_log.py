@@ -22,6 +22,10 @@ import numpy as np
 PHASES = (
     "draft_ms",
     "before_ms",
+    "shape_ms",
+    "decide_ms",
+    "plan_ms",
+    "sync_ms",
     "propose_ms",
     "schedule_ms",
     "forward_ms",
@@ -72,7 +76,7 @@ def table(label: str, steps: list[dict]) -> dict:
     for name in sorted(groups, key=lambda g: -len(groups[g])):
         rows = groups[name]
         times = np.array([s["wall_ms"] for s in rows])
-        phases = [np.mean([s[p] for s in rows]) for p in PHASES]
+        phases = [np.mean([s.get(p, np.nan) for s in rows]) for p in PHASES]  # older logs lack some
         summary[name] = (len(rows) / total, times.mean())
         print(
             f"  {name:<22}{len(rows):>6}{len(rows) / total:>7.1%}{times.mean():>8.3f}"

@@ -583,7 +583,6 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
         num_tokens=3,
     )
     assert engine._shared_budget(batch, [3, 1, 3]) == (0 + 1 + 2, "shares")
-    assert engine._shared_budget(batch, [3, 1, 3], deferred=True) == (0 + 1 + 2, "shares")
     engine.verifier.max_total_logits = 3 + 2  # two drafts beside the three bonus tokens
     assert engine._shared_budget(batch, [3, 3, 3]) == (2, "shares")
     engine.verifier.max_total_logits = 1000
@@ -611,10 +610,6 @@ def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
         num_tokens=8,
     )
     assert engine._shared_budget(mixed, [3, 1, 3]) == (5, "recut")
-    # Deferred (``_plan_while_drafting``): the recut comes back uncomputed, the same cut
-    # once called (the shares' sum, above, comes back as a number).
-    later, source = engine._shared_budget(mixed, [3, 1, 3], deferred=True)
-    assert callable(later) and source == "recut" and later() == 5
     engine._shares = (5, 3, {0: 3, 1: 2, 2: 0}, None, {0: 0, 1: 1, 2: 2})
     assert engine._shared_budget(mixed, [3, 1, 3]) is None  # nothing was ranked ahead
     engine.config = dataclasses.replace(engine.config, lookahead_shares="all")
