@@ -165,6 +165,9 @@ PANELS = [
             ("s41 sliced", "h200/session41/s41_sl"),
             ("s41 cheap cuts", "h200/session41/s41_cc"),
             ("s41 c64", "h200/session41/s41_c64"),
+            ("s41 split", "h200/session41/s41_split"),
+            ("s41 b9f6f35", "h200/session41/s41_fin"),
+            ("s41 b9f6f35", "h200/session41/s41_c256"),
         ],
     ),
     (

@@ -98,13 +98,15 @@ class EngineConfig:
     # (``LLMEngine._filled_budget``).
     fill_padding: bool = True
     # Adaptive: a budget below the drafts is a cut, and a cut costs host time on the
-    # step's critical path (the allocation, the padding fill, trimming the drafts). Where
-    # the cost model prices verifying the cut drafts at less than the cuts' measured host
-    # time, verify them all instead: as many tokens or more, in less time, and as
-    # lossless. "auto": on for CUDA (a launch-bound target verifies a few more tokens for
-    # nearly nothing: SmolLM2 on an H200 at 64 requests cut about 30 drafts a step,
-    # saving 0.015 ms of forward for 0.1-0.18 ms of cutting, session 41), off on CPU.
-    cheap_cuts: str = "auto"
+    # step's critical path (the allocation, the padding fill, trimming the drafts). "on":
+    # where the cost model prices verifying the cut drafts at less than the cuts'
+    # measured host time, verify them all instead (as lossless; as many tokens or more,
+    # in less time if the prices are right); "auto": on for CUDA. Off by default: SmolLM2
+    # on an H200 (session 41, time-sliced) ran 1.009x (paired 1.002) with it at 64
+    # requests, where cuts took 0.07 ms of allocation to save 0.015 ms of forward, level
+    # at 16, and 0.991x (paired 0.991) at 256, where the drafts it kept cost more than
+    # their price.
+    cheap_cuts: str = "off"
     # Adaptive: also decide whether to draft at all from measured tokens per ms of
     # drafted and undrafted steps (``dspark.scheduling.gate``), on top of the cost model.
     throughput_gate: bool = True
