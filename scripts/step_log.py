@@ -44,7 +44,8 @@ def kind(step: dict) -> str:
 
 
 def load(path: str) -> dict:
-    """(concurrency, label) -> list of step dicts, pooled over repeats."""
+    """(concurrency, label) -> list of step dicts, pooled over repeats, in the file's
+    order of settings."""
     pooled = defaultdict(list)
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as file:
@@ -113,7 +114,7 @@ def decompose(reference: dict, other: dict) -> None:
 
 def main() -> None:
     pooled = load(sys.argv[1])
-    labels = sorted({label for _, label in pooled})
+    labels = list(dict.fromkeys(label for _, label in pooled))  # the file's order
     reference = (
         sys.argv[2]
         if len(sys.argv) > 2

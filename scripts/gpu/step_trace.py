@@ -134,7 +134,9 @@ PARTS = (
 step; ``_clock`` is the device synchronisations around the timed phases), besides the
 plan run while the drafter's passes are queued (``plan in draft``), the gate's record
 (``gate record``), the allocation (``allocate_drafts``) and the scheduler's
-``schedule`` (``schedule``). Nested methods count in their callers too."""
+``schedule`` (``schedule``). Nested methods count in their callers too. The allocation
+is wrapped module-wide: with several engines alive, the latest one wrapped counts every
+engine's allocations (step_trace runs one setting at a time)."""
 
 
 def time_parts(engine) -> dict:

@@ -313,12 +313,12 @@ STEP_FIELDS = (
 )
 
 
-CUT_EMA = 0.1
-"""``EngineConfig.cheap_cuts``: the weight of the latest cut in the cuts' mean host time."""
+CUT_TIMES = 9
+"""``EngineConfig.cheap_cuts``: the cuts' host time is the median of this many latest."""
 
 CUT_RETIME = 32
-"""``EngineConfig.cheap_cuts``: of this many cuts in a row left unmade, the next is made,
-and timed."""
+"""``EngineConfig.cheap_cuts``: after this many cuts left unmade since one was made, the
+next is made, and timed."""
 
 
 @dataclass
@@ -354,6 +354,8 @@ class EngineStats:
     # Adaptive: steps whose batch differed but took the depth decided ahead anyway
     # (``EngineConfig.lookahead_reuse``).
     lookahead_reused: int = 0
+    # ``lookahead_ms``, the host time above: since session 41 it also holds the shares
+    # looked up (and recut) while the drafter runs (``_plan_while_drafting``).
     lookahead_ms: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
     # Adaptive: of those, steps whose budget was planned ahead too (its round recorded
     # during the forward): the step itself only allocated.
@@ -580,10 +582,11 @@ class LLMEngine:
         cheap_cuts = config.cheap_cuts
         if cheap_cuts == "auto":
             cheap_cuts = "on" if self.device.type == "cuda" else "off"
-        # ``EngineConfig.cheap_cuts``: the cuts' host time (ms, an exponential average;
-        # None until a cut is timed) and the cuts skipped since one was last timed.
+        # ``EngineConfig.cheap_cuts``: the cuts' host time (ms, the median of the latest
+        # ``CUT_TIMES``; None until a cut is timed) and the cuts skipped since one was made.
         self._skips_cheap_cuts = cheap_cuts == "on"
         self._cut_ms: float | None = None
+        self._cut_times: deque[float] = deque(maxlen=CUT_TIMES)
         self._cuts_skipped = 0
         self._normalise_speed = False  # adaptive: ``EngineConfig.normalise_speed``
         if config.spec is SpecMode.ADAPTIVE:
@@ -892,8 +895,10 @@ class LLMEngine:
         the next forward."""
         shape = None if self.graphs is None else self.graphs.shape_for(num_cached, num_query)
         if shape is not None:
-            self._step_graph_tokens = shape.num_tokens
+            covered = self.graphs.covered_tokens
             outputs = self.graphs.run(tables, num_cached, num_query, tokens, shape=shape)
+            # The shape replayed: its own, or the larger one the ledger covered it with.
+            self._step_graph_tokens = shape.num_tokens + self.graphs.covered_tokens - covered
             self.key_rows = self.graphs.key_rows
             return outputs[0], outputs[1:]
         self.key_rows = len(num_query) * int((num_cached + num_query).max())
@@ -953,6 +958,7 @@ class LLMEngine:
             shaped, decided = shaped - begin, decided - shaped
             if depth == 0:
                 self.stats.undrafted_steps += 1
+                self._step_before_ms = time.perf_counter() * 1e3 - self._step_start_ms
                 self._step_before = (shaped * 1e3, decided * 1e3, 0.0, 0.0)
                 return drafts, probs
             limits = np.minimum(limits, depth)
@@ -1411,11 +1417,18 @@ class LLMEngine:
             for i, count in zip(decoding, admitted, strict=True):
                 del drafts[i][count:]
             if budget > 0 and self._skips_cheap_cuts:
-                cut_ms = (time.perf_counter() - cut_start) * 1e3
-                last = self._cut_ms
-                self._cut_ms = cut_ms if last is None else last + CUT_EMA * (cut_ms - last)
+                self._record_cut((time.perf_counter() - cut_start) * 1e3)
         self._step_schedule_ms = (time.perf_counter() - start) * 1e3
         self.stats.schedule_ms.append(self._step_schedule_ms)
+
+    def _record_cut(self, cut_ms: float) -> None:
+        """``EngineConfig.cheap_cuts``: a cut made took ``cut_ms`` of host time. The price
+        is the median of the latest ``CUT_TIMES``: one slow cut (a collection, the process
+        descheduled) must not price cutting out for long, as cuts are timed only one in
+        ``CUT_RETIME + 1`` while they are being skipped."""
+        self._cut_times.append(cut_ms)
+        self._cut_ms = float(np.median(self._cut_times))
+        self._cuts_skipped = 0
 
     def _cut_is_dear(self, batch: _Batch, budget: int, total: int) -> bool:
         """``EngineConfig.cheap_cuts``: whether the cost model prices verifying the drafts
