@@ -88,6 +88,8 @@ PANELS = [
             ("s39 31da6fe", "h200/session39/b8_s39_c16"),
             ("s39 31da6fe", "h200/session39/b8_s39_c64"),
             ("s39 31da6fe", "h200/session39/b8_s39_c256"),
+            ("s41 afb7dcf", "h200/session41/b8_s41_c16"),
+            ("s41 afb7dcf", "h200/session41/b8_s41_c256"),
             ("s40 7c59e15", "h200/session40/b8_s40_dc_c16"),
             ("s40 7c59e15", "h200/session40/b8_s40_dc_c1"),
         ],
