@@ -798,7 +798,9 @@ class LLMEngine:
         # lowers its rate).
         flush_ms = self._take_flush_cost()
         num_reqs, num_tokens, depth, context = self._priced_step or (0, -1, 0, 0)
-        if num_tokens >= num_reqs > 0 and self.num_captures() == captures:
+        captured = self.num_captures() != captures
+        num_drafts = sum(len(extra) for extra in drafts)  # verified this step
+        if num_tokens >= num_reqs > 0 and not captured:
             wall_ms = max((end - step_start) * 1e3 - flush_ms, 1e-3)
             mixed = num_tokens != num_reqs
             tokens = self.stats.num_generated - generated
@@ -811,16 +813,14 @@ class LLMEngine:
                 self.ceiling.record(self._ceiling_arm, tokens, wall_ms)
             record_step = getattr(self.verifier.cost_model, "record_step", None)
             if record_step is not None and not mixed:
-                admitted = sum(len(extra) for extra in drafts)
-                timing = (num_reqs, num_tokens, admitted, depth, wall_ms, context, self.key_rows)
+                timing = (num_reqs, num_tokens, num_drafts, depth, wall_ms, context, self.key_rows)
                 # With ``normalise_speed``, the forward's time too (the step's time scale).
                 forward_ms = self.stats.forward_ms[-1] if self._normalise_speed else None
                 if self.lookahead:  # learnt while the next step's forward runs
                     self._step_timing = (timing, forward_ms, padded)
                 else:
                     self._record_step(timing, forward_ms, padded)
-        self.stats.capture_steps += self.num_captures() != captures
-        num_drafts = sum(len(extra) for extra in drafts)
+        self.stats.capture_steps += captured
         self.stats.step_log.append(
             (
                 (time.perf_counter() - step_start) * 1e3,
@@ -840,7 +840,7 @@ class LLMEngine:
                 self.stats.num_generated - generated,
                 self._step_graph_tokens,
                 int(self.graphs is not None and self.graphs.num_covered != covered),
-                int(self.num_captures() != captures),
+                int(captured),
             )
         )
         return touched
