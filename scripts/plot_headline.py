@@ -242,6 +242,7 @@ PANELS = [
             ("s40 b85d222", "cpu_session40_mainjob_b85d222"),
             ("s40 c9cc1c6", "cpu_session40_mainjob_c9cc1c6"),
             ("s41 5087da5", "cpu_session41_mainjob_5087da5"),
+            ("s41 2c71044", "cpu_session41_mainjob_2c71044"),
         ],
     ),
 ]
