@@ -40,7 +40,8 @@ def kind(step: dict) -> str:
         return "capture"
     batch = "mixed" if step["chunk_tokens"] else "decode"
     run = "eager" if not step["graph_tokens"] else ("covered" if step["covered"] else "graph")
-    return f"{batch} d{step['depth']} {run}"
+    settled = "s" if step.get("settled") else ""  # older logs lack the field
+    return f"{batch} d{step['depth']}{settled} {run}"
 
 
 def load(path: str) -> dict:

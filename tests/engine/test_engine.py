@@ -165,6 +165,83 @@ def restless_ceiling(k):
     return Counting(k, window=4, min_steps=2, explore_every=2, confidence=0.0, reopen_after=2)
 
 
+@pytest.mark.parametrize("lookahead", ["off", "on"])
+def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead):
+    """``EngineConfig.settle``: with drafts priced nearly free (``CheapCost``) the cuts
+    buy less than scheduling costs, so the engine settles; its settled steps draft the
+    settled depth (less only where a request's length limit is lower), verify every
+    draft and schedule nothing, one step in ``SETTLE_STEPS + 1`` decides again, and
+    greedy output is plain greedy's."""
+    from dspark.engine.drafter import DSparkDrafter
+    from dspark.engine.engine import SETTLE_STEPS, SETTLE_WINDOW, STEP_FIELDS
+    from tests.models.test_drafter import random_drafter
+
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    drafter = random_drafter(target, block_size=5)
+    prompts = repetitive_prompts(24)
+    plain, _ = run(target, prompts)
+    config = EngineConfig(
+        spec="adaptive",
+        num_drafts=5,
+        max_num_seqs=4,
+        throughput_gate=False,
+        lookahead=lookahead,
+        settle="on",
+    )
+    engine = LLMEngine(
+        target, config, drafter=DSparkDrafter(drafter, 16384, 16), cost_model=CheapCost(0)
+    )
+    proposed = []  # drafts proposed a step, for the steps that drafted
+    propose = engine.drafter.propose
+
+    def counted(requests, limits, **kwargs):
+        proposal = propose(requests, limits, **kwargs)
+        proposed.append(
+            sum(min(len(t), int(n)) for t, n in zip(proposal.tokens, limits, strict=True))
+        )
+        return proposal
+
+    engine.drafter.propose = counted
+    requests = [engine.add_request(p, GREEDY) for p in prompts]
+    drafted = []  # per step: whether the drafter ran
+    while engine.has_unfinished():
+        runs = len(proposed)
+        engine.step()
+        drafted.append(len(proposed) > runs)
+    out = [RequestOutput.from_request(r) for r in requests]
+    assert [o.token_ids for o in out] == [o.token_ids for o in plain]
+    stats = engine.stats
+    assert stats.settles > 1
+    assert (stats.settles - 1) * SETTLE_STEPS < stats.settled_steps <= stats.settles * SETTLE_STEPS
+    rows = [dict(zip(STEP_FIELDS, row, strict=True)) for row in stats.step_log]
+    settled = [r for r in rows if r["settled"]]
+    assert len(settled) == stats.settled_steps
+    assert all(r["schedule_ms"] == r["shape_ms"] == r["decide_ms"] == 0.0 for r in settled)
+    # A settled step verifies every draft it proposed.
+    proposed_by_step = iter(proposed)
+    for row, ran in zip(rows, drafted, strict=True):
+        count = next(proposed_by_step) if ran else 0
+        if row["settled"]:
+            assert ran and row["drafts"] == count and 0 < row["depth"] <= 5
+    # Decided steps: the first SETTLE_WINDOW, then one after each settled stretch (and
+    # those with no decoding request, which neither decide nor settle).
+    decided = sum(stats.depth_steps.values())
+    assert SETTLE_WINDOW + stats.settles - 1 <= decided <= SETTLE_WINDOW + stats.settles
+    # Off by default, and only "auto", "on" or "off".
+    _, plain_adaptive = run(
+        target,
+        prompts[:4],
+        spec="adaptive",
+        num_drafts=5,
+        cost_model=CheapCost(0),
+        drafter_model=drafter,
+        max_num_seqs=4,
+    )
+    assert plain_adaptive.stats.settled_steps == 0
+    with pytest.raises(ValueError, match="settle"):
+        EngineConfig(settle="sometimes")
+
+
 class RandomCeiling:
     """A depth ceiling that caps each step at a random depth (seeded, blind to the
     drafts): whatever a ceiling decides, sampling must stay lossless."""
@@ -247,16 +324,17 @@ def exact_first_two(loaded, prompt, live: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize(
-    ("draft_vocab", "padded", "ceiling"),
+    ("draft_vocab", "padded", "ceiling", "settle"),
     [
-        (None, False, False),
-        (None, True, False),
-        ([0, 2, 3, 6, 7, 8], False, False),
-        (None, False, True),
+        (None, False, False, "off"),
+        (None, True, False, "off"),
+        ([0, 2, 3, 6, 7, 8], False, False, "off"),
+        (None, False, True, "off"),
+        (None, False, False, "on"),
     ],
 )
 def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(
-    tmp_path, draft_vocab, padded, ceiling
+    tmp_path, draft_vocab, padded, ceiling, settle
 ):
     """Losslessness must survive the budget, the allocation and the drafter's own draft
     distribution: at temperature 1 the first two tokens follow the target exactly. With a
@@ -264,7 +342,8 @@ def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(
     can only come from the residual distribution. ``padded``: padded steps, the drafter's
     heads sampling in ``DraftHeads`` as on a GPU. ``ceiling``: a depth ceiling caps the
     depths drafted at random (``RandomCeiling``; the requests come in waves, so that steps
-    of decodes alone, the ones a ceiling caps, come often)."""
+    of decodes alone, the ones a ceiling caps, come often). ``settle``: most steps draft
+    a settled depth undecided (``EngineConfig.settle``)."""
     from dspark.engine.drafter import DSparkDrafter
     from tests.models.test_drafter import random_drafter
 
@@ -287,6 +366,7 @@ def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(
             calibrate_survival=draft_vocab is None,
             cuda_graphs="on" if padded else "off",
             depth_ceiling=ceiling,
+            settle=settle,
         ),
         drafter=DSparkDrafter(drafter, 8192, 16, graphs=(64, 256) if padded else None),
         cost_model=CheapCost(3),
@@ -312,6 +392,8 @@ def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(
         assert engine.drafter.heads.num_runs == len(engine.stats.drafter_ms) > 0
     if ceiling:  # the trial's steps drafted shallower than the cost model chose
         assert engine.stats.ceiling_cuts > 0
+    if settle == "on":
+        assert engine.stats.settled_steps > sum(engine.stats.depth_steps.values())
     for position, exact in ((0, exact1), (1, exact2)):
         tokens = np.array([r.output_ids[position] for r in requests])
         counts = np.bincount(np.minimum(tokens, live), minlength=live + 1).astype(float)

@@ -756,3 +756,65 @@ def test_only_requests_with_drafts_record_confidences(shaped, draft_model, monke
         engine.step()
     assert 0 in limits  # some decodes could draft nothing
     assert recorded == [count for count in proposed if count]
+
+
+def test_the_engine_settles_where_decisions_buy_less_than_they_cost(
+    shaped, draft_model, monkeypatch
+):
+    """``EngineConfig.settle`` by hand, with ``DepthCost``'s prices: a dropped draft's
+    verification 0.4 ms, a depth of drafting 0.2 ms; each decided step's scheduling
+    measured at 0.5 ms (batch shape 0.1, decision 0.1, budget and cut 0.3)."""
+    from dspark.engine.engine import SETTLE_STEPS, SETTLE_WINDOW
+
+    engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, settle="on")
+
+    def weigh(depth, cut=None, host=(0.1, 0.1, 0.3), overruled=False):
+        engine._priced_step = (4, 4, depth, 0)
+        engine._step_cut = None if cut is None else (4, 4, 0, *cut)  # (budget, total)
+        engine._step_before = (host[0], host[1], 0.0, 0.0)
+        engine._step_schedule_ms = host[2]
+        engine._overruled = overruled
+        engine._weigh_settling(depth)
+        return engine._settled_left, engine._settled_depth
+
+    def fresh():
+        engine._settle_log.clear()
+        engine._settled_left = engine._settled_depth = 0
+
+    # Cuts of one draft each: 16 x 0.4 = 6.4 ms bought for 16 x 0.5 = 8 ms: settles at
+    # the window's full length, not before.
+    fresh()
+    assert [weigh(5, (9, 10))[0] for _ in range(SETTLE_WINDOW - 1)] == [0] * (SETTLE_WINDOW - 1)
+    assert weigh(5, (9, 10)) == (SETTLE_STEPS, 5)
+    # Cuts of two drafts (12.8 ms bought): never settles.
+    fresh()
+    assert {weigh(5, (8, 10))[0] for _ in range(3 * SETTLE_WINDOW)} == {0}
+    # No cuts, depths 3 and 7 alternating: the median of the sorted window is 7, and
+    # eight steps 0.8 ms of drafting away from it buy 6.4 ms: below 8 ms, settles at 7;
+    # with the scheduling measured at 0.3 ms a step (4.8 ms), not.
+    fresh()
+    for i in range(SETTLE_WINDOW):
+        left, depth = weigh(3 if i % 2 else 7)
+    assert (left, depth) == (SETTLE_STEPS, 7)
+    fresh()
+    for i in range(SETTLE_WINDOW):
+        left, _ = weigh(3 if i % 2 else 7, host=(0.1, 0.1, 0.1))
+    assert left == 0
+    # A step that did not draft, or drafted as the gate's probe, empties the log and
+    # ends a settled stretch; the window fills again before the next.
+    for spoiler in ({"depth": 0}, {"depth": 5, "overruled": True}):
+        fresh()
+        for _ in range(SETTLE_WINDOW):
+            weigh(5)
+        assert engine._settled_left == SETTLE_STEPS
+        weigh(**spoiler)
+        assert engine._settled_left == 0 and len(engine._settle_log) == 0
+        assert [weigh(5)[0] for _ in range(SETTLE_WINDOW)][-2:] == [0, SETTLE_STEPS]
+
+    # A cut beyond the cost model's tables is taken to matter.
+    def out_of_tables(*args):
+        raise ValueError("outside the tables")
+
+    monkeypatch.setattr(engine.verifier.cost_model, "step_costs_ms", out_of_tables)
+    fresh()
+    assert {weigh(5, (9, 10))[0] for _ in range(2 * SETTLE_WINDOW)} == {0}

@@ -173,6 +173,7 @@ class Measurement:
     # the drafts that added (``EngineConfig.fill_padding``).
     filled_steps: int = 0
     cheap_cuts: int = 0  # adaptive: drafts all verified, the cut priced dearer (EngineConfig)
+    settled_steps: int = 0  # adaptive: drafting steps run at a settled depth (EngineConfig.settle)
     filled_drafts: int = 0
     tok_s_wall: float = 0.0  # generated tokens over the whole wall time, captures included
     undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
@@ -514,6 +515,7 @@ def _measurement(
         covered_tokens=padding,
         filled_steps=stats.filled_steps,
         cheap_cuts=stats.cheap_cuts,
+        settled_steps=stats.settled_steps,
         filled_drafts=stats.filled_drafts,
         tok_s_wall=tokens / seconds,
         undrafted_steps=stats.undrafted_steps,
@@ -960,6 +962,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "covered_tokens",
         "filled_steps",
         "cheap_cuts",
+        "settled_steps",
         "filled_drafts",
         "tok_s_wall",
         "undrafted_steps",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import numbers
 import time
 from collections import Counter, deque
@@ -107,6 +108,18 @@ class EngineConfig:
     # at 16, and 0.991x (paired 0.991) at 256, where the drafts it kept cost more than
     # their price.
     cheap_cuts: str = "off"
+    # Adaptive: per-step scheduling (the batch's shape, the depth decision, the budget's
+    # plan and the cut) costs host time on every drafted step, and where the target is
+    # launch-bound it buys little back. "on": once ``SETTLE_WINDOW`` decided steps in a
+    # row all drafted, and the cost model prices what their decisions bought (the
+    # forward time their cuts saved, the drafter time between their depths and the
+    # window's median) below the host time their scheduling took (measured), the engine
+    # settles: the next ``SETTLE_STEPS`` drafting steps draft the median depth and verify
+    # every draft, as a fixed K would, with no decision, plan or cut; then one step
+    # decides again and is weighed with the window (``LLMEngine._weigh_settling``). A
+    # decision not to draft (the cost model's, or the gate's) ends it. As lossless as any
+    # step verifying every draft it proposed. "auto": on for CUDA.
+    settle: str = "off"
     # Adaptive: also decide whether to draft at all from measured tokens per ms of
     # drafted and undrafted steps (``dspark.scheduling.gate``), on top of the cost model.
     throughput_gate: bool = True
@@ -270,6 +283,8 @@ class EngineConfig:
             raise ValueError(f"small_rows must be 'tune' or 'transposed', got {self.small_rows!r}")
         if self.cheap_cuts not in ("auto", "on", "off"):
             raise ValueError(f"cheap_cuts must be 'auto', 'on' or 'off', got {self.cheap_cuts!r}")
+        if self.settle not in ("auto", "on", "off"):
+            raise ValueError(f"settle must be 'auto', 'on' or 'off', got {self.settle!r}")
         if self.allocation not in ("auto", "host", "device"):
             raise ValueError(
                 f"allocation must be 'auto', 'host' or 'device', got {self.allocation!r}"
@@ -310,6 +325,7 @@ STEP_FIELDS = (
     "graph_tokens",  # tokens of the captured shape replayed (0: eager)
     "covered",  # replayed a larger captured shape than its own
     "captured",  # captured a CUDA graph
+    "settled",  # drafted at a settled depth, undecided (``EngineConfig.settle``)
 )
 
 
@@ -319,6 +335,14 @@ CUT_TIMES = 9
 CUT_RETIME = 32
 """``EngineConfig.cheap_cuts``: after this many cuts left unmade since one was made, the
 next is made, and timed."""
+
+SETTLE_WINDOW = 16
+"""``EngineConfig.settle``: the decided drafting steps weighed to settle (all must have
+drafted; their cuts' priced savings against their scheduling's host time)."""
+
+SETTLE_STEPS = 32
+"""``EngineConfig.settle``: drafting steps run at the settled depth, undecided, before one
+decides again."""
 
 
 @dataclass
@@ -346,6 +370,10 @@ class EngineStats:
     # Adaptive: steps that verified every draft instead of cutting to the budget, the
     # verification priced below the cut's host time (``EngineConfig.cheap_cuts``).
     cheap_cuts: int = 0
+    # Adaptive: drafting steps run at a settled depth with every draft verified and no
+    # decision, plan or cut, and the times the engine settled (``EngineConfig.settle``).
+    settled_steps: int = 0
+    settles: int = 0
     # Adaptive: decided steps by drafting depth (0: undrafted).
     depth_steps: Counter[int] = field(default_factory=Counter)
     # Adaptive: drafting decisions taken ahead, during the previous step's forward, and
@@ -588,6 +616,18 @@ class LLMEngine:
         self._cut_ms: float | None = None
         self._cut_times: deque[float] = deque(maxlen=CUT_TIMES)
         self._cuts_skipped = 0
+        settle = config.settle
+        if settle == "auto":
+            settle = "on" if self.device.type == "cuda" else "off"
+        # ``EngineConfig.settle``: the latest decided drafting steps (depth, requests, the
+        # cut's priced saving and the scheduling's host time, ms), the settled depth and the
+        # drafting steps left to run at it; whether this step runs at it, and its cut.
+        self._settles = settle == "on"
+        self._settle_log: deque[tuple[int, int, float, float]] = deque(maxlen=SETTLE_WINDOW)
+        self._settled_depth = 0
+        self._settled_left = 0
+        self._coasting = False
+        self._step_cut: tuple | None = None
         self._normalise_speed = False  # adaptive: ``EngineConfig.normalise_speed``
         if config.spec is SpecMode.ADAPTIVE:
             if cost_model is None:
@@ -731,6 +771,8 @@ class LLMEngine:
         self._step_depth, self._step_schedule_ms, self._step_graph_tokens = 0, 0.0, 0
         self._step_before_ms = self._step_propose_ms = 0.0
         self._step_before = (0.0, 0.0, 0.0, 0.0)  # shape, decide, plan, sync (ms)
+        self._coasting = False
+        self._step_cut = None
         covered = self.graphs.num_covered if self.graphs is not None else 0
         drafts, draft_probs = self._draft(chunks)
         draft_ms = (time.perf_counter() - phase) * 1e3
@@ -772,7 +814,13 @@ class LLMEngine:
         logits = None
         if rows:
             logits = self.model.logits(hidden if every_row else hidden[row_index])
-        if self.verifier is not None and self.lookahead:
+        if (
+            self.verifier is not None
+            and self.lookahead
+            and not (
+                self._coasting and self._settled_left  # the next step is settled too
+            )
+        ):
             self._look_ahead(chunks, drafts)  # the host's turn while the device computes
         self.stats.forward_ms.append(self._clock() - start_time)
         if self.graphs is not None:  # tokens the forward ran on a larger graph than its own
@@ -800,6 +848,8 @@ class LLMEngine:
         num_reqs, num_tokens, depth, context = self._priced_step or (0, -1, 0, 0)
         captured = self.num_captures() != captures
         num_drafts = sum(len(extra) for extra in drafts)  # verified this step
+        if self._settles and self._priced_step is not None:
+            self._weigh_settling(depth)
         if num_tokens >= num_reqs > 0 and not captured:
             wall_ms = max((end - step_start) * 1e3 - flush_ms, 1e-3)
             mixed = num_tokens != num_reqs
@@ -841,6 +891,7 @@ class LLMEngine:
                 self._step_graph_tokens,
                 int(self.graphs is not None and self.graphs.num_covered != covered),
                 int(captured),
+                int(self._coasting),
             )
         )
         return touched
@@ -949,7 +1000,16 @@ class LLMEngine:
         limits = np.array(limit_list)
         batch = None
         shaped = decided = 0.0
-        if self.verifier is not None:
+        if self.verifier is not None and self._settled_left:
+            # Settled (``EngineConfig.settle``): this step drafts the settled depth and
+            # verifies every draft, undecided, as a fixed K does.
+            limits = np.minimum(limits, self._settled_depth)
+            if not limits.any():  # every request at its length limit: nothing to draft
+                return drafts, probs
+            self._settled_left -= 1
+            self._coasting = True
+            self.stats.settled_steps += 1
+        elif self.verifier is not None:
             begin = time.perf_counter()
             batch = self._batch_shape(chunks, decode_index)
             shaped = time.perf_counter()
@@ -1399,6 +1459,14 @@ class LLMEngine:
             budget = self._filled_budget(batch, counts, budget, total)
         self.stats.budgets.append(budget)
         if budget < total:  # else every draft is admitted: nothing to cut
+            if self._settles:  # priced at the step's end (``_weigh_settling``)
+                self._step_cut = (
+                    len(batch.slot_list),
+                    batch.num_tokens,
+                    batch.context,
+                    budget,
+                    total,
+                )
             self.stats.budget_cuts += 1
             if budget <= 0:
                 admitted = [0] * len(counts)
@@ -1439,20 +1507,63 @@ class LLMEngine:
         if self._cuts_skipped >= CUT_RETIME:
             self._cuts_skipped = 0
             return False
-        # The drafter's share of a step does not depend on the budget: the target's
-        # forward alone prices the difference (``ObservedDraftCost.base``).
-        model = self.verifier.cost_model
-        model = getattr(model, "base", model)
-        try:
-            costs = model.step_costs_ms(
-                len(batch.slot_list), batch.num_tokens, total, batch.context
-            )
-        except ValueError:  # beyond the cost tables: not priced, so cut as planned
-            return False
-        if costs[total] - costs[budget] >= self._cut_ms:
+        cut = (len(batch.slot_list), batch.num_tokens, batch.context, budget, total)
+        if self._cut_saving_ms(cut) >= self._cut_ms:
             return False
         self._cuts_skipped += 1
         return True
+
+    def _cut_saving_ms(self, cut: tuple[int, int, int, int, int]) -> float:
+        """The forward time the cost model prices a cut to ``budget`` of ``total`` drafts
+        to save (``cut``: requests, non-draft tokens, context, budget, total); infinite
+        beyond its tables (not priced: the cut is taken to matter). The drafter's share
+        of a step does not depend on the budget: the target's forward alone prices the
+        difference (``ObservedDraftCost.base``)."""
+        num_reqs, num_tokens, context, budget, total = cut
+        model = self.verifier.cost_model
+        model = getattr(model, "base", model)
+        try:
+            costs = model.step_costs_ms(num_reqs, num_tokens, total, context)
+        except ValueError:
+            return math.inf
+        return float(costs[total] - costs[max(budget, 0)])
+
+    def _weigh_settling(self, depth: int) -> None:
+        """``EngineConfig.settle``, at the end of a decided step: log it and settle when
+        the last ``SETTLE_WINDOW`` decided steps all drafted and what their decisions
+        bought is priced below what they cost on the host. Bought: the forward time
+        their cuts saved, and the drafter's time between each step's depth and the
+        window's median, the depth the engine would settle on (the cost model's prices,
+        ``_cut_saving_ms`` and ``draft_cost_ms``: where depths cost the drafter about the
+        same, choosing one a step buys little). Cost: the batch's shape, the decision,
+        the budget and the cut, measured. A step that did not draft (or drafted only as
+        the gate's probe) empties the log: drafting, or its depth, is in question again."""
+        log = self._settle_log
+        if depth == 0 or self._overruled:
+            log.clear()
+            self._settled_left = 0
+            return
+        num_reqs = self._priced_step[0]
+        saving = 0.0 if self._step_cut is None else self._cut_saving_ms(self._step_cut)
+        shape_ms, decide_ms = self._step_before[0], self._step_before[1]
+        log.append((depth, num_reqs, saving, shape_ms + decide_ms + self._step_schedule_ms))
+        if len(log) < SETTLE_WINDOW:
+            return
+        host = sum(entry[3] for entry in log)
+        bought = sum(entry[2] for entry in log)
+        if bought >= host:
+            return
+        settled = sorted(entry[0] for entry in log)[len(log) // 2]
+        price = getattr(self.verifier.cost_model, "draft_cost_ms", None)
+        if price is not None:
+            for entry_depth, entry_reqs, _, _ in log:
+                if entry_depth != settled:
+                    bought += abs(price(entry_reqs, entry_depth) - price(entry_reqs, settled))
+            if bought >= host:
+                return
+        self._settled_depth = settled
+        self._settled_left = SETTLE_STEPS
+        self.stats.settles += 1
 
     def _filled_budget(self, batch: _Batch, counts: list[int], budget: int, total: int) -> int:
         """``EngineConfig.fill_padding``: the budget raised to verify as many drafts as the
@@ -1591,6 +1702,8 @@ class LLMEngine:
         outcome = (rows, admitted, accepted) if rows is not None and any(admitted) else None
         if not self.lookahead and self._outcome is not None:
             self.verifier.record_outcomes(*self._outcome)
+        elif self._coasting:
+            return  # no round of its own; a decided step's outcome waits for a look-ahead
         self._outcome = outcome
 
     def _observe(self, kept: list[tuple[Request, int, int, int]], features: torch.Tensor) -> None:
