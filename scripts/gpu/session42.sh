@@ -1,0 +1,33 @@
+# Session 42 GPU calls: EngineConfig.settle (variant "st", settle=on) beside plain
+# adaptive and the best fixed Ks, time-sliced, every step logged.
+#   SmolLM2 + the shipped drafter (staged: stage_piece.sh p1 .. p3, one call each; the
+#   call carries .gpu/p4 .gpu/wheels .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256):
+#     bash scripts/gpu/session42.sh low    # 16 and 64: K = 4, 5, adaptive, st; 4 windows
+#     bash scripts/gpu/session42.sh high   # 256: K = 4, adaptive, st; 3 windows; then the
+#                                          # 8B shape at 256 (K = 5, 7, adaptive, st)
+#   The Llama-3-8B shape, acceptance REPLAYED (carry .gpu/prompts.npz only):
+#     bash scripts/gpu/session42.sh b8     # 1, 4, 16, 64: K = 7 (and 5 at 64), adaptive, st
+set +e +o pipefail
+b8() {  # TAG LEVEL FIXED REQUESTS REPEATS SLICE LIMIT
+  TAG=$1 LEVEL=$2 FIXED="$3" REQUESTS=$4 REPEATS=$5 VARIANTS="st:settle=on" \
+    BASELINE="--no-baseline --slice-ms $6 --window-s 3 --step-log" LIMIT=$7 \
+    bash scripts/gpu/session34.sh
+  [ -f "$OUT/b8_$1/steps.json" ] && gzip -f "$OUT/b8_$1/steps.json"
+}
+case "$1" in
+  low)
+    FIXED="4 5" REPEATS=${REPEATS:-4} LIMIT=${LIMIT:-560} EXTRA="--variant st:settle=on" \
+      bash scripts/gpu/session41.sh sliced s42_low
+    gzip -f "$OUT"/s42_low/steps.json ;;
+  high)
+    FIXED="4" LEVELS="256" REPEATS=${REPEATS:-3} LIMIT=${LIMIT:-330} \
+      EXTRA="--variant st:settle=on" bash scripts/gpu/session41.sh sliced s42_256
+    gzip -f "$OUT"/s42_256/steps.json
+    b8 s42_c256 256 "5 7" 512 2 300 ${LIMIT8:-170} ;;
+  b8)
+    b8 s42_c1 1 "7" 8 3 200 ${LIMIT1:-100}
+    b8 s42_c4 4 "7" 16 3 200 ${LIMIT4:-100}
+    b8 s42_c16 16 "7" 48 3 200 ${LIMIT16:-110}
+    b8 s42_c64 64 "5 7" 128 3 200 ${LIMIT64:-150} ;;
+esac
+true
