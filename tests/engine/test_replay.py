@@ -761,16 +761,18 @@ def test_only_requests_with_drafts_record_confidences(shaped, draft_model, monke
 def test_the_engine_settles_where_decisions_buy_less_than_they_cost(
     shaped, draft_model, monkeypatch
 ):
-    """``EngineConfig.settle`` by hand, with ``DepthCost``'s prices: a dropped draft's
+    """``EngineConfig.settle`` by hand, with ``DepthCost``'s prices: a draft's
     verification 0.4 ms, a depth of drafting 0.2 ms; each decided step's scheduling
-    measured at 0.5 ms (batch shape 0.1, decision 0.1, budget and cut 0.3)."""
+    measured at 0.5 ms (batch shape 0.1, decision 0.1, budget and cut 0.3), a step of
+    one request unless said (a draft more a request then costs 0.4 ms, less than a
+    step's scheduling)."""
     from dspark.engine.engine import SETTLE_STEPS, SETTLE_WINDOW
 
     engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, settle="on")
 
-    def weigh(depth, cut=None, host=(0.1, 0.1, 0.3), overruled=False):
-        engine._priced_step = (4, 4, depth, 0)
-        engine._step_cut = None if cut is None else (4, 4, 0, *cut)  # (budget, total)
+    def weigh(depth, cut=None, host=(0.1, 0.1, 0.3), overruled=False, reqs=1):
+        engine._priced_step = (reqs, reqs, depth, 0)
+        engine._step_cut = None if cut is None else (reqs, reqs, 0, *cut)  # (budget, total)
         engine._step_before = (host[0], host[1], 0.0, 0.0)
         engine._step_schedule_ms = host[2]
         engine._overruled = overruled
@@ -800,6 +802,13 @@ def test_the_engine_settles_where_decisions_buy_less_than_they_cost(
     for i in range(SETTLE_WINDOW):
         left, _ = weigh(3 if i % 2 else 7, host=(0.1, 0.1, 0.1))
     assert left == 0
+    # Nothing cut and one depth throughout, but a draft more a request priced at or
+    # above a step's scheduling: two requests (0.8 ms against 0.5), or one request
+    # whose scheduling took 0.35 ms: never settles.
+    fresh()
+    assert {weigh(5, reqs=2)[0] for _ in range(2 * SETTLE_WINDOW)} == {0}
+    fresh()
+    assert {weigh(5, host=(0.1, 0.1, 0.15))[0] for _ in range(2 * SETTLE_WINDOW)} == {0}
     # A step that did not draft, or drafted as the gate's probe, empties the log and
     # ends a settled stretch; the window fills again before the next.
     for spoiler in ({"depth": 0}, {"depth": 5, "overruled": True}):

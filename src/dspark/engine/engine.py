@@ -113,12 +113,13 @@ class EngineConfig:
     # launch-bound it buys little back. "on": once ``SETTLE_WINDOW`` decided steps in a
     # row all drafted, and the cost model prices what their decisions bought (the
     # forward time their cuts saved, the drafter time between their depths and the
-    # window's median) below the host time their scheduling took (measured), the engine
-    # settles: the next ``SETTLE_STEPS`` drafting steps draft the median depth and verify
-    # every draft, as a fixed K would, with no decision, plan or cut; then one step
-    # decides again and is weighed with the window (``LLMEngine._weigh_settling``). A
-    # decision not to draft (the cost model's, or the gate's) ends it. As lossless as any
-    # step verifying every draft it proposed. "auto": on for CUDA.
+    # window's median) below the host time their scheduling took (measured), and the
+    # forward prices a draft more a request below it too, the engine settles: the next
+    # ``SETTLE_STEPS`` drafting steps draft the median depth and verify every draft, as
+    # a fixed K would, with no decision, plan or cut; then one step decides again and is
+    # weighed with the window (``LLMEngine._weigh_settling``). A decision not to draft
+    # (the cost model's, or the gate's) ends it. As lossless as any step verifying every
+    # draft it proposed. "auto": on for CUDA.
     settle: str = "off"
     # Adaptive: also decide whether to draft at all from measured tokens per ms of
     # drafted and undrafted steps (``dspark.scheduling.gate``), on top of the cost model.
@@ -1530,20 +1531,25 @@ class LLMEngine:
 
     def _weigh_settling(self, depth: int) -> None:
         """``EngineConfig.settle``, at the end of a decided step: log it and settle when
-        the last ``SETTLE_WINDOW`` decided steps all drafted and what their decisions
-        bought is priced below what they cost on the host. Bought: the forward time
-        their cuts saved, and the drafter's time between each step's depth and the
-        window's median, the depth the engine would settle on (the cost model's prices,
-        ``_cut_saving_ms`` and ``draft_cost_ms``: where depths cost the drafter about the
-        same, choosing one a step buys little). Cost: the batch's shape, the decision,
-        the budget and the cut, measured. A step that did not draft (or drafted only as
-        the gate's probe) empties the log: drafting, or its depth, is in question again."""
+        the last ``SETTLE_WINDOW`` decided steps all drafted and what deciding buys is
+        priced below what it costs on the host. Cost: the batch's shape, the decision,
+        the budget and the cut, measured. Bought, at the cost model's prices
+        (``_cut_saving_ms``, ``draft_cost_ms``): the forward time the window's cuts
+        saved, and the drafter's time between each step's depth and the window's median,
+        the depth the engine would settle on. And one bound on what deciding could buy:
+        the latest step's forward priced one draft a request deeper than that median
+        must also cost less than a step's scheduling. Where it costs more (a large
+        target's forward grows with its tokens), per-step decisions move the depth and
+        cut by amounts that matter, whatever the window happened to decide (the 8B shape
+        at 256 requests, session 42, settled at depth 3 from a window of 3s and ran
+        0.972x plain adaptive). A step that did not draft (or drafted only as the gate's
+        probe) empties the log: drafting, or its depth, is in question again."""
         log = self._settle_log
         if depth == 0 or self._overruled:
             log.clear()
             self._settled_left = 0
             return
-        num_reqs = self._priced_step[0]
+        num_reqs, num_tokens, _, context = self._priced_step
         saving = 0.0 if self._step_cut is None else self._cut_saving_ms(self._step_cut)
         shape_ms, decide_ms = self._step_before[0], self._step_before[1]
         log.append((depth, num_reqs, saving, shape_ms + decide_ms + self._step_schedule_ms))
@@ -1554,6 +1560,10 @@ class LLMEngine:
         if bought >= host:
             return
         settled = sorted(entry[0] for entry in log)[len(log) // 2]
+        drafts = num_reqs * settled
+        deeper = (num_reqs, num_tokens, context, drafts, drafts + num_reqs)
+        if self._cut_saving_ms(deeper) * len(log) >= host:
+            return
         price = getattr(self.verifier.cost_model, "draft_cost_ms", None)
         if price is not None:
             for entry_depth, entry_reqs, _, _ in log:
