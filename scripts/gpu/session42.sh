@@ -21,7 +21,7 @@ case "$1" in
     FIXED="4 5" REPEATS=${REPEATS:-4} LIMIT=${LIMIT:-560} EXTRA="--variant st:settle=on" \
       bash scripts/gpu/session41.sh sliced s42_low
     gzip -f "$OUT"/s42_low/steps.json ;;
-  high)  # (before 56fc5b4's guard; session 42 ran it on 86d7138)
+  high)  # (before 55204b3's guard; session 42 ran it on 8eee435, digest 86d7138198420174)
     FIXED="4" LEVELS="256" REPEATS=${REPEATS:-3} LIMIT=${LIMIT:-330} \
       EXTRA="--variant st:settle=on" bash scripts/gpu/session41.sh sliced s42_256
     gzip -f "$OUT"/s42_256/steps.json
