@@ -92,6 +92,11 @@ PANELS = [
             ("s41 afb7dcf", "h200/session41/b8_s41_c256"),
             ("s40 7c59e15", "h200/session40/b8_s40_dc_c16"),
             ("s40 7c59e15", "h200/session40/b8_s40_dc_c1"),
+            ("s42 +st", "h200/session42/b8_s42_c1", "adaptive≤7 st"),
+            ("s42 +st", "h200/session42/b8_s42_c4", "adaptive≤7 st"),
+            ("s42 +st", "h200/session42/b8_s42_c16", "adaptive≤7 st"),
+            ("s42 +st", "h200/session42/b8_s42_c64", "adaptive≤7 st"),
+            ("s42 +st", "h200/session42/b8_s42_c256g", "adaptive≤7 st"),
         ],
     ),
     (
@@ -170,6 +175,14 @@ PANELS = [
             ("s41 split", "h200/session41/s41_split"),
             ("s41 b9f6f35", "h200/session41/s41_fin"),
             ("s41 b9f6f35", "h200/session41/s41_c256"),
+            # Session 42: EngineConfig.settle (the default on CUDA since) as the "st"
+            # variant beside plain adaptive; s42_low_8eee435 before the guard on a draft
+            # more a request's price (55204b3), the rest after.
+            ("s42 +st", "h200/session42/s42_low_8eee435", "adaptive≤7 st"),
+            ("s42 +st", "h200/session42/s42_low", "adaptive≤7 st"),
+            ("s42 +st", "h200/session42/s42_256g", "adaptive≤7 st"),
+            ("s42 +st", "h200/session42/s42_256r", "adaptive≤7 st"),
+            ("s42 +st", "h200/session42/s42_c1", "adaptive≤7 st"),
         ],
     ),
     (

@@ -9,6 +9,10 @@
 #   The Llama-3-8B shape, acceptance REPLAYED (carry .gpu/prompts.npz only):
 #     bash scripts/gpu/session42.sh b8a    # 256 (K = 5, 7), 1 and 4 (K = 7); adaptive, st
 #     bash scripts/gpu/session42.sh b8b    # 16 (K = 7) and 64 (K = 5, 7); adaptive, st
+# Session 42 ran these on 8eee435 and 55204b3, where settle was off by default, so the
+# plain "adaptive≤7" row did not settle. Since the default is "auto" (on for CUDA), that
+# row settles too; to compare as session 42 did on later code, give the plain row back
+# as a variant: replace "--variant st:settle=on" below with "--variant pl:settle=off".
 set +e +o pipefail
 b8() {  # TAG LEVEL FIXED REQUESTS REPEATS SLICE LIMIT
   TAG=$1 LEVEL=$2 FIXED="$3" REQUESTS=$4 REPEATS=$5 VARIANTS="st:settle=on" \

@@ -227,7 +227,7 @@ def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead):
     # those with no decoding request, which neither decide nor settle).
     decided = sum(stats.depth_steps.values())
     assert SETTLE_WINDOW + stats.settles - 1 <= decided <= SETTLE_WINDOW + stats.settles
-    # Off by default, and only "auto", "on" or "off".
+    # "auto" by default, which is off on a CPU; only "auto", "on" or "off".
     _, plain_adaptive = run(
         target,
         prompts[:4],
@@ -237,7 +237,8 @@ def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead):
         drafter_model=drafter,
         max_num_seqs=4,
     )
-    assert plain_adaptive.stats.settled_steps == 0
+    assert plain_adaptive.stats.settled_steps == 0 and not plain_adaptive._settles
+    assert EngineConfig().settle == "auto"
     with pytest.raises(ValueError, match="settle"):
         EngineConfig(settle="sometimes")
 
