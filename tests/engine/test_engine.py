@@ -165,13 +165,15 @@ def restless_ceiling(k):
     return Counting(k, window=4, min_steps=2, explore_every=2, confidence=0.0, reopen_after=2)
 
 
-@pytest.mark.parametrize("lookahead", ["off", "on"])
-def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead):
+@pytest.mark.parametrize(("lookahead", "forced"), [("off", None), ("on", None), ("on", 2)])
+def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead, forced):
     """``EngineConfig.settle``: with drafts priced nearly free (``CheapCost``) the cuts
     buy less than scheduling costs, so the engine settles; its settled steps draft the
-    settled depth (less only where a request's length limit is lower), verify every
-    draft and schedule nothing, one step in ``SETTLE_STEPS + 1`` decides again, and
-    greedy output is plain greedy's."""
+    settled depth (less only where a request's length limit is lower; ``forced``: every
+    stretch settled at that depth instead of the window's, K = 5), verify every draft
+    and schedule nothing, one step in ``SETTLE_STEPS + 1`` decides again, every verified
+    round's outcome reaches the verifier (the one before a stretch waits through it),
+    a stretch's last step records its round, and greedy output is plain greedy's."""
     from dspark.engine.drafter import DSparkDrafter
     from dspark.engine.engine import SETTLE_STEPS, SETTLE_WINDOW, STEP_FIELDS
     from tests.models.test_drafter import random_drafter
@@ -186,6 +188,7 @@ def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead):
         max_num_seqs=4,
         throughput_gate=False,
         lookahead=lookahead,
+        calibrate_survival=True,
         settle="on",
     )
     engine = LLMEngine(
@@ -202,31 +205,67 @@ def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead):
         return proposal
 
     engine.drafter.propose = counted
+    weigh = engine._weigh_settling
+
+    def weighed(depth):
+        weigh(depth)
+        if forced is not None and engine._settled_left == SETTLE_STEPS:
+            engine._settled_depth = forced
+
+    engine._weigh_settling = weighed
+    outcomes = {"made": 0, "recorded": 0}
+    learn, record = engine._learn_outcome, engine.verifier.record_outcomes
+
+    def learnt(admitted, accepted):
+        before = engine._outcome
+        learn(admitted, accepted)
+        outcomes["made"] += engine._outcome is not None and engine._outcome is not before
+
+    def recorded(*outcome):
+        outcomes["recorded"] += 1
+        record(*outcome)
+
+    engine._learn_outcome, engine.verifier.record_outcomes = learnt, recorded
+    rounds = []  # the rounds the verifier recorded
+    record_round = engine.verifier.record
+    engine.verifier.record = lambda *round_: (rounds.append(round_), record_round(*round_))
     requests = [engine.add_request(p, GREEDY) for p in prompts]
     drafted = []  # per step: whether the drafter ran
+    stretch = []  # per settled step: whether it was a stretch's last, rounds it recorded
     while engine.has_unfinished():
-        runs = len(proposed)
+        runs, recorded_rounds = len(proposed), len(rounds)
         engine.step()
         drafted.append(len(proposed) > runs)
+        if engine._coasting:
+            stretch.append((engine._settled_left == 0, len(rounds) - recorded_rounds))
     out = [RequestOutput.from_request(r) for r in requests]
     assert [o.token_ids for o in out] == [o.token_ids for o in plain]
     stats = engine.stats
     assert stats.settles > 1
-    assert (stats.settles - 1) * SETTLE_STEPS < stats.settled_steps <= stats.settles * SETTLE_STEPS
+    assert SETTLE_STEPS < stats.settled_steps <= stats.settles * SETTLE_STEPS
     rows = [dict(zip(STEP_FIELDS, row, strict=True)) for row in stats.step_log]
     settled = [r for r in rows if r["settled"]]
     assert len(settled) == stats.settled_steps
     assert all(r["schedule_ms"] == r["shape_ms"] == r["decide_ms"] == 0.0 for r in settled)
-    # A settled step verifies every draft it proposed.
+    # A settled step verifies every draft it proposed, drafting the settled depth.
+    depth = 5 if forced is None else forced
     proposed_by_step = iter(proposed)
     for row, ran in zip(rows, drafted, strict=True):
         count = next(proposed_by_step) if ran else 0
         if row["settled"]:
-            assert ran and row["drafts"] == count and 0 < row["depth"] <= 5
-    # Decided steps: the first SETTLE_WINDOW, then one after each settled stretch (and
-    # those with no decoding request, which neither decide nor settle).
+            assert ran and row["drafts"] == count and 0 < row["depth"] <= depth
+    assert max(r["depth"] for r in settled) == depth
+    # A stretch holds batches of half to twice the window's size (here 2-4 decoding).
+    assert min(r["requests"] for r in settled if r["chunk_tokens"] == 0) >= 2
+    # Decided steps: at least the first SETTLE_WINDOW and one after each stretch (and
+    # more where the batch left the window's size, which forgets the window).
     decided = sum(stats.depth_steps.values())
-    assert SETTLE_WINDOW + stats.settles - 1 <= decided <= SETTLE_WINDOW + stats.settles
+    assert decided >= SETTLE_WINDOW + stats.settles - 1
+    # Settled steps record no round, but each stretch's last, for the step deciding next.
+    assert set(stretch) == {(False, 0), (True, 1)}
+    # Every outcome made was recorded, but for one still waiting at the end.
+    assert outcomes["made"] > stats.settles
+    assert outcomes["recorded"] + (engine._outcome is not None) == outcomes["made"]
     # "auto" by default, which is off on a CPU; only "auto", "on" or "off".
     _, plain_adaptive = run(
         target,

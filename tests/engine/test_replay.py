@@ -772,6 +772,7 @@ def test_the_engine_settles_where_decisions_buy_less_than_they_cost(
 
     def weigh(depth, cut=None, host=(0.1, 0.1, 0.3), overruled=False, reqs=1):
         engine._priced_step = (reqs, reqs, depth, 0)
+        engine._step_decoding = reqs
         engine._step_cut = None if cut is None else (reqs, reqs, 0, *cut)  # (budget, total)
         engine._step_before = (host[0], host[1], 0.0, 0.0)
         engine._step_schedule_ms = host[2]
@@ -791,13 +792,14 @@ def test_the_engine_settles_where_decisions_buy_less_than_they_cost(
     # Cuts of two drafts (12.8 ms bought): never settles.
     fresh()
     assert {weigh(5, (8, 10))[0] for _ in range(3 * SETTLE_WINDOW)} == {0}
-    # No cuts, depths 3 and 7 alternating: the median of the sorted window is 7, and
-    # eight steps 0.8 ms of drafting away from it buy 6.4 ms: below 8 ms, settles at 7;
+    # No cuts, depths 3 and 7 alternating: the lower median of the window is 3, and
+    # eight steps 0.8 ms of drafting away from it buy 6.4 ms: below 8 ms, settles at 3;
     # with the scheduling measured at 0.3 ms a step (4.8 ms), not.
     fresh()
     for i in range(SETTLE_WINDOW):
         left, depth = weigh(3 if i % 2 else 7)
-    assert (left, depth) == (SETTLE_STEPS, 7)
+    assert (left, depth) == (SETTLE_STEPS, 3)
+    assert engine._settled_reqs == 1
     fresh()
     for i in range(SETTLE_WINDOW):
         left, _ = weigh(3 if i % 2 else 7, host=(0.1, 0.1, 0.1))
@@ -809,6 +811,14 @@ def test_the_engine_settles_where_decisions_buy_less_than_they_cost(
     assert {weigh(5, reqs=2)[0] for _ in range(2 * SETTLE_WINDOW)} == {0}
     fresh()
     assert {weigh(5, host=(0.1, 0.1, 0.15))[0] for _ in range(2 * SETTLE_WINDOW)} == {0}
+    # One slow step's scheduling (20 ms: a collection, the process descheduled) does not
+    # price deciding up: a step's scheduling is the window's median. Two requests, cuts
+    # of two drafts (0.8 ms bought a step against 0.5 ms, and a draft more a request
+    # 0.8 ms): never settles, slow step or not.
+    fresh()
+    for i in range(2 * SETTLE_WINDOW):
+        host = (0.1, 0.1, 19.8) if i == SETTLE_WINDOW - 1 else (0.1, 0.1, 0.3)
+        assert weigh(5, (8, 10), host=host, reqs=2)[0] == 0
     # A step that did not draft, or drafted as the gate's probe, empties the log and
     # ends a settled stretch; the window fills again before the next.
     for spoiler in ({"depth": 0}, {"depth": 5, "overruled": True}):
@@ -827,3 +837,22 @@ def test_the_engine_settles_where_decisions_buy_less_than_they_cost(
     monkeypatch.setattr(engine.verifier.cost_model, "step_costs_ms", out_of_tables)
     fresh()
     assert {weigh(5, (9, 10))[0] for _ in range(2 * SETTLE_WINDOW)} == {0}
+
+
+def test_a_settled_stretch_ends_when_the_batch_leaves_the_windows_size(
+    shaped, draft_model, monkeypatch
+):
+    """``EngineConfig.settle``: a stretch weighed on a median of 4 decoding requests
+    goes on from 2 to 8 of them and ends (forgetting the window) outside; an empty
+    scheduler forgets it too."""
+    from dspark.engine.engine import SETTLE_STEPS
+
+    engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, settle="on")
+    assert not engine.scheduler.running and engine._settled_left == 0
+    assert len(engine._settle_log) == 0
+    engine._settled_reqs = 4.0
+    assert [engine._stays_settled(n) for n in (1, 2, 4, 8, 9)] == [False, True, True, True, False]
+    engine._settle_log.append((5, 4, 0.0, 0.5))
+    engine._settled_left = SETTLE_STEPS
+    engine._unsettle()
+    assert engine._settled_left == 0 and len(engine._settle_log) == 0

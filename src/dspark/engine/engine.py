@@ -113,15 +113,17 @@ class EngineConfig:
     # launch-bound it buys little back. "on": once ``SETTLE_WINDOW`` decided steps in a
     # row all drafted, and the cost model prices what their decisions bought (the
     # forward time their cuts saved, the drafter time between their depths and the
-    # window's median) below the host time their scheduling took (measured), and the
-    # forward prices a draft more a request below it too, the engine settles: the next
-    # ``SETTLE_STEPS`` drafting steps draft the median depth and verify every draft, as
-    # a fixed K would, with no decision, plan or cut; then one step decides again and is
-    # weighed with the window (``LLMEngine._weigh_settling``). A decision not to draft
-    # (the cost model's, or the gate's) ends it. As lossless as any step verifying every
-    # draft it proposed. "auto" (the default): on for CUDA. SmolLM2 on an H200 (session
-    # 42, time-sliced, paired against plain adaptive in the same windows): 1.016-1.031 at
-    # 16, 1.012-1.028 at 64, 1.013-1.091 a window at 1; at 256 it seldom settles (0.990,
+    # window's lower median depth) below the host time their scheduling took (measured,
+    # at the window's median), and the forward prices a draft more a decoding request
+    # below one step's scheduling too, the engine settles: the next ``SETTLE_STEPS``
+    # drafting steps draft that depth and verify every draft, as a fixed K would, with
+    # no decision, plan or cut; the last hands the verifier its round; then one step
+    # decides again and is weighed with the window (``LLMEngine._weigh_settling``). That
+    # step deciding not to draft (the cost model, or the gate), or a batch outside half
+    # to twice the window's size, ends the settling. As lossless as any step verifying
+    # every draft it proposed. "auto" (the default): on for CUDA. SmolLM2 on an H200
+    # (session 42, time-sliced, paired against plain adaptive in the same windows):
+    # 1.016-1.031 at 16, 1.012-1.028 at 64, 1.025 at 1; at 256 it seldom settles (0.990,
     # and one run whose learnt prices drafted 1 deep, 0.935); the 8B shape 0.994-1.014.
     settle: str = "auto"
     # Adaptive: also decide whether to draft at all from measured tokens per ms of
@@ -623,13 +625,16 @@ class LLMEngine:
         settle = config.settle
         if settle == "auto":
             settle = "on" if self.device.type == "cuda" else "off"
-        # ``EngineConfig.settle``: the latest decided drafting steps (depth, requests, the
-        # cut's priced saving and the scheduling's host time, ms), the settled depth and the
-        # drafting steps left to run at it; whether this step runs at it, and its cut.
+        # ``EngineConfig.settle``: the latest decided drafting steps (depth, decoding
+        # requests, the cut's priced saving and the scheduling's host time, ms), the
+        # settled depth and the drafting steps left to run at it; whether this step runs
+        # at it, and its cut.
         self._settles = settle == "on"
         self._settle_log: deque[tuple[int, int, float, float]] = deque(maxlen=SETTLE_WINDOW)
         self._settled_depth = 0
+        self._settled_reqs = 0.0  # the window's median of decoding requests
         self._settled_left = 0
+        self._step_decoding = 0  # decoding requests of this step
         self._coasting = False
         self._step_cut: tuple | None = None
         self._normalise_speed = False  # adaptive: ``EngineConfig.normalise_speed``
@@ -840,6 +845,7 @@ class LLMEngine:
         self.stats.apply_ms.append(apply_ms)
         if not self.scheduler.running:
             self._deferred.clear()  # held-back updates of requests that all finished
+            self._unsettle()  # what comes next is weighed afresh
         # A step that captured a graph is not a typical step of its kind: not timed. The
         # gate times steps with a prompt chunk in buckets of their own (the chunk makes a
         # step slow whichever way it drafted); the cost model learns from decoding steps.
@@ -1000,10 +1006,13 @@ class LLMEngine:
         decode_index = [i for i, c in enumerate(chunks) if c.is_decode]
         if not decode_index:
             return drafts, probs
+        self._step_decoding = len(decode_index)
         limit_list = [self._draft_limit(chunks[i]) for i in decode_index]
         limits = np.array(limit_list)
         batch = None
         shaped = decided = 0.0
+        if self._settled_left and not self._stays_settled(len(decode_index)):
+            self._unsettle()  # the batch left the size the window was weighed at
         if self.verifier is not None and self._settled_left:
             # Settled (``EngineConfig.settle``): this step drafts the settled depth and
             # verifies every draft, undecided, as a fixed K does.
@@ -1069,7 +1078,58 @@ class LLMEngine:
                 self._round_confidences[i] = np.array(proposal.confidences[row])
         if batch is not None:
             self._admit_adaptively(batch, drafts, proposal)
+        elif self._coasting and not self._settled_left:
+            fresh = self.num_captures() == captures
+            self._record_settled_round(chunks, decode_index, drafts, proposal, drafter_ms, fresh)
         return drafts, probs
+
+    def _record_settled_round(
+        self,
+        chunks: list[ScheduledChunk],
+        decode_index: list[int],
+        drafts: list[list[int]],
+        proposal: Proposal,
+        drafter_ms: float,
+        fresh: bool,
+    ) -> None:
+        """``EngineConfig.settle``: the last settled step before one decides again hands
+        the verifier its round (and its outcome, ``_learn_outcome``) and the cost model
+        its proposal's time, as a decided step would, so that the decision reads this
+        round's confidences, not the ones from before the stretch (where requests that
+        joined during it would read as never drafted). With the look-ahead on, both are
+        recorded during this step's forward. ``fresh``: the proposal captured no graph
+        (a capture is no measure of drafting's price)."""
+        confidences = proposal.confidences
+        if confidences is None:
+            confidences = self.acceptance.confidences(len(decode_index))
+        rows = np.asarray(confidences)[:, : self.config.num_drafts]
+        self._round_rows = rows
+        drafted = np.array([len(drafts[i]) > 0 for i in decode_index])
+        slots = np.array([chunks[i].request.slot for i in decode_index], dtype=np.int64)
+        round_ = (slots[drafted], rows[drafted]) if drafted.any() else None
+        cost_model = self.verifier.cost_model
+        timing = None
+        if isinstance(cost_model, ObservedDraftCost) and fresh:
+            timing = (len(chunks), drafter_ms, self._settled_depth)
+        if self.lookahead:
+            self._unrecorded, self._unrecorded_draft = round_, timing
+            return
+        if round_ is not None:
+            self.verifier.record(*round_)
+        if timing is not None:
+            cost_model.record(*timing)
+
+    def _stays_settled(self, num_decoding: int) -> bool:
+        """``EngineConfig.settle``: whether a settled stretch goes on for a step with
+        ``num_decoding`` decoding requests: within half to twice the window's median
+        (a stretch weighed on one request must not carry a batch of 256)."""
+        return self._settled_reqs / 2 <= num_decoding <= 2 * self._settled_reqs
+
+    def _unsettle(self) -> None:
+        """``EngineConfig.settle``: end a settled stretch and forget the window (it was
+        weighed for a batch that is gone, or decided not to draft)."""
+        self._settled_left = 0
+        self._settle_log.clear()
 
     def _plan_while_drafting(self, batch: _Batch, limits: np.ndarray):
         """Adaptive, on a device: the step's budget, while the drafter's passes run
@@ -1535,37 +1595,42 @@ class LLMEngine:
     def _weigh_settling(self, depth: int) -> None:
         """``EngineConfig.settle``, at the end of a decided step: log it and settle when
         the last ``SETTLE_WINDOW`` decided steps all drafted and what deciding buys is
-        priced below what it costs on the host. Cost: the batch's shape, the decision,
-        the budget and the cut, measured. Bought, at the cost model's prices
-        (``_cut_saving_ms``, ``draft_cost_ms``): the forward time the window's cuts
-        saved, and the drafter's time between each step's depth and the window's median,
-        the depth the engine would settle on. And one bound on what deciding could buy:
-        the latest step's forward priced one draft a request deeper than that median
-        must also cost less than a step's scheduling. Where it costs more (a large
-        target's forward grows with its tokens), per-step decisions move the depth and
-        cut by amounts that matter, whatever the window happened to decide (the 8B shape
-        at 256 requests, session 42, settled at depth 3 from a window of 3s and ran
-        0.972x plain adaptive). A step that did not draft (or drafted only as the gate's
-        probe) empties the log: drafting, or its depth, is in question again."""
+        priced below what it costs on the host. Cost: a step's scheduling (the batch's
+        shape, the decision, the budget and the cut), measured, at the window's median.
+        Bought, at the cost model's prices (``_cut_saving_ms``, ``draft_cost_ms``): the
+        forward time the window's cuts saved, and the drafter's time between each step's
+        depth and the window's lower median, the depth the engine would settle on. And a
+        bound on what deciding could buy: the latest step's forward priced one draft a
+        decoding request deeper than that depth must also cost less than a step's
+        scheduling. Where it costs more (a large target's forward grows with its
+        tokens), per-step decisions move the depth and cut by amounts that matter,
+        whatever the window happened to decide (the 8B shape at 256 requests, session 42,
+        settled at depth 3 from a window of 3s and ran 0.972x plain adaptive). The
+        stretch is weighed for the window's batch size (``_stays_settled``). A step that
+        did not draft (or drafted only as the gate's probe) empties the log: drafting, or
+        its depth, is in question again."""
         log = self._settle_log
         if depth == 0 or self._overruled:
-            log.clear()
-            self._settled_left = 0
+            self._unsettle()
             return
         num_reqs, num_tokens, _, context = self._priced_step
+        decoding = self._step_decoding
         saving = 0.0 if self._step_cut is None else self._cut_saving_ms(self._step_cut)
         shape_ms, decide_ms = self._step_before[0], self._step_before[1]
-        log.append((depth, num_reqs, saving, shape_ms + decide_ms + self._step_schedule_ms))
+        log.append((depth, decoding, saving, shape_ms + decide_ms + self._step_schedule_ms))
         if len(log) < SETTLE_WINDOW:
             return
-        host = sum(entry[3] for entry in log)
+        # A step's scheduling at the window's median: one slow step (a collection, the
+        # process descheduled) must not price deciding up for the stretches it stays in.
+        step_ms = float(np.median([entry[3] for entry in log]))
+        host = step_ms * len(log)
         bought = sum(entry[2] for entry in log)
         if bought >= host:
             return
-        settled = sorted(entry[0] for entry in log)[len(log) // 2]
-        drafts = num_reqs * settled
-        deeper = (num_reqs, num_tokens, context, drafts, drafts + num_reqs)
-        if self._cut_saving_ms(deeper) * len(log) >= host:
+        settled = sorted(entry[0] for entry in log)[(len(log) - 1) // 2]  # the lower median
+        drafts = decoding * settled
+        deeper = (num_reqs, num_tokens, context, drafts, drafts + decoding)
+        if self._cut_saving_ms(deeper) >= step_ms:
             return
         price = getattr(self.verifier.cost_model, "draft_cost_ms", None)
         if price is not None:
@@ -1575,6 +1640,7 @@ class LLMEngine:
             if bought >= host:
                 return
         self._settled_depth = settled
+        self._settled_reqs = float(np.median([entry[1] for entry in log]))
         self._settled_left = SETTLE_STEPS
         self.stats.settles += 1
 
@@ -1715,7 +1781,7 @@ class LLMEngine:
         outcome = (rows, admitted, accepted) if rows is not None and any(admitted) else None
         if not self.lookahead and self._outcome is not None:
             self.verifier.record_outcomes(*self._outcome)
-        elif self._coasting:
+        elif self._coasting and rows is None:
             return  # no round of its own; a decided step's outcome waits for a look-ahead
         self._outcome = outcome
 
