@@ -232,10 +232,12 @@ def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead, for
     requests = [engine.add_request(p, GREEDY) for p in prompts]
     drafted = []  # per step: whether the drafter ran
     stretch = []  # per settled step: whether it was a stretch's last, rounds it recorded
+    shown = set()  # ``settled_depth`` after each step (the server's gauge)
     while engine.has_unfinished():
         runs, recorded_rounds = len(proposed), len(rounds)
         engine.step()
         drafted.append(len(proposed) > runs)
+        shown.add(engine.settled_depth)
         if engine._coasting:
             stretch.append((engine._settled_left == 0, len(rounds) - recorded_rounds))
     out = [RequestOutput.from_request(r) for r in requests]
@@ -255,6 +257,7 @@ def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead, for
         if row["settled"]:
             assert ran and row["drafts"] == count and 0 < row["depth"] <= depth
     assert max(r["depth"] for r in settled) == depth
+    assert shown == {0, depth}
     # A stretch holds batches of half to twice the window's size (here 2-4 decoding).
     assert min(r["requests"] for r in settled if r["chunk_tokens"] == 0) >= 2
     # Decided steps: at least the first SETTLE_WINDOW and one after each stretch (and

@@ -989,6 +989,12 @@ class LLMEngine:
         """Every padded-step runner of this engine (target, drafter, context updates)."""
         return list(self._runners)
 
+    @property
+    def settled_depth(self) -> int:
+        """``EngineConfig.settle``: the depth drafting steps draft undecided now; 0 while
+        the engine decides every step."""
+        return self._settled_depth if self._settled_left else 0
+
     def num_captures(self) -> int:
         """CUDA graphs captured so far by every padded-step runner (target and drafter)."""
         return sum(runner.num_captures for runner in self._runners)

@@ -234,8 +234,13 @@ class EngineRunner:
             "kv_cache_free_blocks": engine.cache.num_free_blocks,
             "acceptance_length": stats.acceptance_length,
             "verified_tokens_per_step": stats.verified_per_step,
+            # The latest decided step's budget (settled steps verify every draft).
             "draft_budget": stats.budgets[-1] if stats.budgets else 0,
             "steps_total": stats.num_steps,
+            # ``EngineConfig.settle``: drafting steps run undecided, and the depth they
+            # draft while settled (0: deciding every step).
+            "settled_steps_total": stats.settled_steps,
+            "settled_depth": engine.settled_depth,
         }
         with self.metrics.lock:
             self.metrics.gauges.update(gauges)
