@@ -256,6 +256,7 @@ PANELS = [
             ("s40 c9cc1c6", "cpu_session40_mainjob_c9cc1c6"),
             ("s41 5087da5", "cpu_session41_mainjob_5087da5"),
             ("s41 2c71044", "cpu_session41_mainjob_2c71044"),
+            ("s42 4f091e6", "cpu_session42_mainjob_4f091e6"),
         ],
     ),
 ]
