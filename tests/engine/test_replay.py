@@ -852,7 +852,7 @@ def test_a_settled_stretch_ends_when_the_batch_leaves_the_windows_size(
     assert len(engine._settle_log) == 0
     engine._settled_reqs = 4.0
     assert [engine._stays_settled(n) for n in (1, 2, 4, 8, 9)] == [False, True, True, True, False]
-    engine._settle_log.append((5, 4, 0.0, 0.5))
+    engine._settle_log.append((5, 4, 4, 0.0, 0.5))
     engine._settled_left = SETTLE_STEPS
     engine._unsettle()
     assert engine._settled_left == 0 and len(engine._settle_log) == 0

@@ -625,12 +625,12 @@ class LLMEngine:
         settle = config.settle
         if settle == "auto":
             settle = "on" if self.device.type == "cuda" else "off"
-        # ``EngineConfig.settle``: the latest decided drafting steps (depth, decoding
-        # requests, the cut's priced saving and the scheduling's host time, ms), the
+        # ``EngineConfig.settle``: the latest decided drafting steps (depth, requests,
+        # decoding requests, the cut's priced saving and the scheduling's host ms), the
         # settled depth and the drafting steps left to run at it; whether this step runs
         # at it, and its cut.
         self._settles = settle == "on"
-        self._settle_log: deque[tuple[int, int, float, float]] = deque(maxlen=SETTLE_WINDOW)
+        self._settle_log: deque[tuple] = deque(maxlen=SETTLE_WINDOW)
         self._settled_depth = 0
         self._settled_reqs = 0.0  # the window's median of decoding requests
         self._settled_left = 0
@@ -1116,7 +1116,7 @@ class LLMEngine:
         cost_model = self.verifier.cost_model
         timing = None
         if isinstance(cost_model, ObservedDraftCost) and fresh:
-            timing = (len(chunks), drafter_ms, self._settled_depth)
+            timing = (len(chunks), drafter_ms, self._step_depth)  # as deep as it drafted
         if self.lookahead:
             self._unrecorded, self._unrecorded_draft = round_, timing
             return
@@ -1623,14 +1623,15 @@ class LLMEngine:
         decoding = self._step_decoding
         saving = 0.0 if self._step_cut is None else self._cut_saving_ms(self._step_cut)
         shape_ms, decide_ms = self._step_before[0], self._step_before[1]
-        log.append((depth, decoding, saving, shape_ms + decide_ms + self._step_schedule_ms))
+        host_ms = shape_ms + decide_ms + self._step_schedule_ms
+        log.append((depth, num_reqs, decoding, saving, host_ms))
         if len(log) < SETTLE_WINDOW:
             return
         # A step's scheduling at the window's median: one slow step (a collection, the
         # process descheduled) must not price deciding up for the stretches it stays in.
-        step_ms = float(np.median([entry[3] for entry in log]))
+        step_ms = float(np.median([entry[4] for entry in log]))
         host = step_ms * len(log)
-        bought = sum(entry[2] for entry in log)
+        bought = sum(entry[3] for entry in log)
         if bought >= host:
             return
         settled = sorted(entry[0] for entry in log)[(len(log) - 1) // 2]  # the lower median
@@ -1638,15 +1639,16 @@ class LLMEngine:
         deeper = (num_reqs, num_tokens, context, drafts, drafts + decoding)
         if self._cut_saving_ms(deeper) >= step_ms:
             return
+        # (The drafter's prices are by the step's requests, as its times are recorded.)
         price = getattr(self.verifier.cost_model, "draft_cost_ms", None)
         if price is not None:
-            for entry_depth, entry_reqs, _, _ in log:
+            for entry_depth, entry_reqs, *_ in log:
                 if entry_depth != settled:
                     bought += abs(price(entry_reqs, entry_depth) - price(entry_reqs, settled))
             if bought >= host:
                 return
         self._settled_depth = settled
-        self._settled_reqs = float(np.median([entry[1] for entry in log]))
+        self._settled_reqs = float(np.median([entry[2] for entry in log]))
         self._settled_left = SETTLE_STEPS
         self.stats.settles += 1
 
