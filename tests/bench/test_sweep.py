@@ -570,17 +570,19 @@ def test_sliced_tpot_leaves_out_the_other_loops_turns(tiny):
     step = slow.engine.step
 
     def sleepy_step():
-        time.sleep(0.5)
+        time.sleep(1.0)
         return step()
 
     slow.engine.step = sleepy_step
     (result, _) = sliced_windows([fast, slow], window_s=0.3, slice_s=0.005)
     # The fast loop's first turn was one short slice; then the slow one held the machine
-    # for half a second with a request of the fast one in flight. Counted, that gap
-    # would make that request's first token to finish last over half a second.
-    assert fast.engine.idle_s >= 0.5
+    # for a second with a request of the fast one in flight. Counted, that gap would
+    # make that request's first token to finish last over a second; its own steps fit in
+    # the window's 0.3 s and one step past it (a second leaves room for a busy machine's
+    # slow steps: session 42 saw the half second this test slept before fall short).
+    assert fast.engine.idle_s >= 1.0
     assert result.requests == len(fast.finished) > 0
-    assert max(r.finish_time - r.first_token_time for r in fast.finished) < 0.45
+    assert max(r.finish_time - r.first_token_time for r in fast.finished) < 0.9
 
 
 def test_sliced_loops_of_long_and_short_steps_end_the_window_together(tiny):
@@ -616,8 +618,15 @@ def test_sliced_loops_of_long_and_short_steps_end_the_window_together(tiny):
     # Each turn runs to the round's target of own time: the long steps' overruns are
     # repaid, so both loops take their turn in the last round (with slices of fixed
     # length the short-step loop ran its last turns alone).
-    assert set(turns[-2:]) == {0, 1}
-    assert abs(turns.count(0) - turns.count(1)) <= 1
+    # A loop whose step overran a round's target by more than a slice sits rounds out
+    # (none unless the machine is busy: session 42's run beside other tests had a
+    # short-step loop two turns behind): one turn apart, and as many more as the longest
+    # step spans slices; and only when no step spanned a slice must both have taken the
+    # last round (else one may have reached the window's end a round early).
+    overruns = int(max(longest) / 0.05)
+    assert abs(turns.count(0) - turns.count(1)) <= 1 + overruns
+    if not overruns:
+        assert set(turns[-2:]) == {0, 1}
     # A window ends at most one step past its target (and the turn's bookkeeping: a busy
     # machine stretches the steps, so the bound is the longest step measured).
     for loop, step_s in zip(loops, longest, strict=True):
