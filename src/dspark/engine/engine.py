@@ -12,6 +12,7 @@ import enum
 import itertools
 import math
 import numbers
+import statistics
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -1063,7 +1064,9 @@ class LLMEngine:
         drafter_ms = self._clock() - start
         self._step_propose_ms = drafter_ms
         self.stats.drafter_ms.append(drafter_ms)
-        cost_model = None if batch is None else self.verifier.cost_model
+        # The last settled step hands over what a decided one would (``settle``).
+        last_settled = self._coasting and not self._settled_left
+        cost_model = self.verifier.cost_model if batch is not None or last_settled else None
         # A proposal that captured a graph is no measure of drafting's price.
         depth = int(limits.max())
         if (
@@ -1084,9 +1087,8 @@ class LLMEngine:
                 self._round_confidences[i] = np.array(proposal.confidences[row])
         if batch is not None:
             self._admit_adaptively(batch, drafts, proposal)
-        elif self._coasting and not self._settled_left:
-            fresh = self.num_captures() == captures
-            self._record_settled_round(chunks, decode_index, drafts, proposal, drafter_ms, fresh)
+        elif last_settled:
+            self._record_settled_round(chunks, decode_index, drafts, proposal)
         return drafts, probs
 
     def _record_settled_round(
@@ -1095,35 +1097,37 @@ class LLMEngine:
         decode_index: list[int],
         drafts: list[list[int]],
         proposal: Proposal,
-        drafter_ms: float,
-        fresh: bool,
     ) -> None:
         """``EngineConfig.settle``: the last settled step before one decides again hands
-        the verifier its round (and its outcome, ``_learn_outcome``) and the cost model
-        its proposal's time, as a decided step would, so that the decision reads this
-        round's confidences, not the ones from before the stretch (where requests that
-        joined during it would read as never drafted). With the look-ahead on, both are
-        recorded during this step's forward. ``fresh``: the proposal captured no graph
-        (a capture is no measure of drafting's price)."""
+        the verifier its round (and its outcome, ``_learn_outcome``), as a decided step
+        would (its proposal's time goes to the cost model in ``_draft``), so that the
+        decision reads this round's confidences, not the ones from before the stretch
+        (where requests that joined during it would read as never drafted)."""
         confidences = proposal.confidences
         if confidences is None:
             confidences = self.acceptance.confidences(len(decode_index))
         rows = np.asarray(confidences)[:, : self.config.num_drafts]
         self._round_rows = rows
-        drafted = np.array([len(drafts[i]) > 0 for i in decode_index])
         slots = np.array([chunks[i].request.slot for i in decode_index], dtype=np.int64)
-        round_ = (slots[drafted], rows[drafted]) if drafted.any() else None
-        cost_model = self.verifier.cost_model
-        timing = None
-        if isinstance(cost_model, ObservedDraftCost) and fresh:
-            timing = (len(chunks), drafter_ms, self._step_depth)  # as deep as it drafted
-        if self.lookahead:
-            self._unrecorded, self._unrecorded_draft = round_, timing
+        self._hand_round(slots, rows, [len(drafts[i]) for i in decode_index])
+
+    def _hand_round(self, slots: np.ndarray, rows: np.ndarray, counts: list[int]) -> None:
+        """Record a drafted round (decoding requests' ``slots``, their confidence ``rows``,
+        drafts each) for the verifier. Only requests with drafts have confidences to
+        record (one at its length limit, or not yet ready to draft, proposed none: no
+        round of its own). With the look-ahead the record (its bookkeeping is most of the
+        allocation's host time) waits for it, while the device computes the forward."""
+        if all(counts):  # the usual case: no copies to select the drafted rows
+            round_ = (slots, rows)
+        elif any(counts):
+            drafted = np.array(counts) > 0
+            round_ = (slots[drafted], rows[drafted])
+        else:
             return
-        if round_ is not None:
+        if self.lookahead:
+            self._unrecorded = round_
+        else:
             self.verifier.record(*round_)
-        if timing is not None:
-            cost_model.record(*timing)
 
     def _stays_settled(self, num_decoding: int) -> bool:
         """``EngineConfig.settle``: whether a settled stretch goes on for a step with
@@ -1501,22 +1505,7 @@ class LLMEngine:
                     self.stats.recut_plans += 1
                 else:
                     self.stats.share_plans += 1
-        # Only requests with drafts have confidences to record (one at its length limit, or
-        # not yet ready to draft, proposed none: no round of its own).
-        if all(counts):  # the usual case: no copies to select the drafted rows
-            round_ = (batch.slots[decode_index], rows)
-        elif total:
-            drafted = np.array(counts) > 0
-            round_ = (batch.slots[decode_index[drafted]], rows[drafted])
-        else:
-            round_ = None
-        if round_ is not None:
-            if self.lookahead:
-                # The record (its bookkeeping is most of this call's host time) waits for
-                # the look-ahead, which runs while the device computes this step's forward.
-                self._unrecorded = round_
-            else:
-                self.verifier.record(*round_)
+        self._hand_round(batch.slots[decode_index], rows, counts)
         if (
             0 < budget < total
             and self._skips_cheap_cuts
@@ -1565,7 +1554,7 @@ class LLMEngine:
         descheduled) must not price cutting out for long, as cuts are timed only one in
         ``CUT_RETIME + 1`` while they are being skipped."""
         self._cut_times.append(cut_ms)
-        self._cut_ms = float(np.median(self._cut_times))
+        self._cut_ms = statistics.median(self._cut_times)
         self._cuts_skipped = 0
 
     def _cut_is_dear(self, batch: _Batch, budget: int, total: int) -> bool:
@@ -1629,7 +1618,7 @@ class LLMEngine:
             return
         # A step's scheduling at the window's median: one slow step (a collection, the
         # process descheduled) must not price deciding up for the stretches it stays in.
-        step_ms = float(np.median([entry[4] for entry in log]))
+        step_ms = statistics.median(entry[4] for entry in log)
         host = step_ms * len(log)
         bought = sum(entry[3] for entry in log)
         if bought >= host:
@@ -1648,7 +1637,7 @@ class LLMEngine:
             if bought >= host:
                 return
         self._settled_depth = settled
-        self._settled_reqs = float(np.median([entry[2] for entry in log]))
+        self._settled_reqs = statistics.median(entry[2] for entry in log)
         self._settled_left = SETTLE_STEPS
         self.stats.settles += 1
 
@@ -1789,8 +1778,8 @@ class LLMEngine:
         outcome = (rows, admitted, accepted) if rows is not None and any(admitted) else None
         if not self.lookahead and self._outcome is not None:
             self.verifier.record_outcomes(*self._outcome)
-        elif self._coasting and rows is None:
-            return  # no round of its own; a decided step's outcome waits for a look-ahead
+        elif outcome is None:
+            return  # one still waiting (a look-ahead skipped while settled) waits on
         self._outcome = outcome
 
     def _observe(self, kept: list[tuple[Request, int, int, int]], features: torch.Tensor) -> None:
