@@ -258,6 +258,7 @@ PANELS = [
             ("s41 2c71044", "cpu_session41_mainjob_2c71044"),
             ("s42 4f091e6", "cpu_session42_mainjob_4f091e6"),
             ("s42 7a2aa9a", "cpu_session42_mainjob_7a2aa9a"),
+            ("s42 fd33b23", "cpu_session42_mainjob_fd33b23"),
         ],
     ),
 ]
