@@ -1,0 +1,31 @@
+# Session 43 GPU calls: SmolLM2 + the shipped drafter, greedy, time-sliced (200 ms turns,
+# windows of 4 s of each engine's own time), every step logged, on the code after session
+# 42's review: the plain "adaptive≤7" row settles (settle "auto", on for CUDA) and "pl"
+# is adaptive with settle off, in the same windows.
+# Staged as session 42: stage_piece.sh p1 .. p3, one call each; this call carries
+# .gpu/p4 .gpu/wheels .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256.
+#   bash scripts/gpu/session43.sh lo    # 1 and 4: no spec, K = 3, 4, adaptive, pl; 3 windows
+#   bash scripts/gpu/session43.sh hi    # 256 (K = 4, adaptive, pl; 3 windows), then 64
+#                                       # (K = 4, 5, adaptive, pl; 2 windows)
+set +e +o pipefail
+bash scripts/gpu/stage_piece.sh "${LAST:-p4}" >/dev/null 2>&1
+source scripts/gpu/session31.sh none
+stage_model
+one() {  # TAG LEVELS FIXED REPEATS LIMIT [more bench args]
+  local tag=$1 levels=$2 fixed=$3 repeats=$4 limit=$5; shift 5
+  bench "$limit" "$tag" 16 128 "$repeats" --fixed $fixed --concurrency $levels \
+    --slice-ms 200 --window-s 4 --step-log --variant pl:settle=off "$@"
+  rm -f "$OUT"/*/*profile*.json
+  if [ -f "$OUT/$tag/steps.json" ]; then
+    python3 scripts/step_log.py "$OUT/$tag/steps.json" K=4 > "$OUT/$tag/step_log.txt" 2>&1
+    gzip -f "$OUT/$tag/steps.json"
+  fi
+}
+case "$1" in
+  lo)
+    one s43_lo "1 4" "3 4" "${REPEATS:-3}" "${LIMIT:-560}" ;;
+  hi)
+    one s43_256 256 4 "${REPEATS:-3}" "${LIMIT256:-330}" --no-baseline
+    one s43_64 64 "4 5" "${REPEATS64:-2}" "${LIMIT64:-220}" --no-baseline ;;
+esac
+true
