@@ -2,13 +2,15 @@
 # windows of 4 s of each engine's own time), every step logged, on the code after session
 # 42's review: the plain "adaptive≤7" row settles (settle "auto", on for CUDA) and "pl"
 # is adaptive with settle off, in the same windows.
-# Staged as session 42: stage_piece.sh p1 .. p3, one call each; this call carries
-# .gpu/p4 .gpu/wheels .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256.
+# Staged as `bash scripts/gpu/split_gguf.sh` prints (session 43: five pieces of 19 MiB, the
+# checkout being 42 MB): stage_piece.sh p1 .. p4, one call each; this call carries the
+# last piece (LAST, default p5), .gpu/wheels, .gpu/prompts.npz and
+# .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256.
 #   bash scripts/gpu/session43.sh lo    # 1 and 4: no spec, K = 3, 4, adaptive, pl; 3 windows
 #   bash scripts/gpu/session43.sh hi    # 256 (K = 4, adaptive, pl; 3 windows), then 64
 #                                       # (K = 4, 5, adaptive, pl; 2 windows)
 set +e +o pipefail
-bash scripts/gpu/stage_piece.sh "${LAST:-p4}" >/dev/null 2>&1
+bash scripts/gpu/stage_piece.sh "${LAST:-p5}" >/dev/null 2>&1
 source scripts/gpu/session31.sh none
 stage_model
 one() {  # TAG LEVELS FIXED REPEATS LIMIT [more bench args]
