@@ -9,6 +9,8 @@
 #   bash scripts/gpu/session43.sh lo    # 1 and 4: no spec, K = 3, 4, adaptive, pl; 3 windows
 #   bash scripts/gpu/session43.sh hi    # 256 (K = 4, adaptive, pl; 3 windows), then 64
 #                                       # (K = 4, 5, adaptive, pl; 2 windows)
+#   bash scripts/gpu/session43.sh mid   # 16 (K = 3, 4, adaptive, pl; 3 windows), then 1
+#                                       # again (4 windows)
 set +e +o pipefail
 bash scripts/gpu/stage_piece.sh "${LAST:-p5}" >/dev/null 2>&1
 source scripts/gpu/session31.sh none
@@ -29,5 +31,8 @@ case "$1" in
   hi)
     one s43_256 256 4 "${REPEATS:-3}" "${LIMIT256:-330}" --no-baseline
     one s43_64 64 "4 5" "${REPEATS64:-2}" "${LIMIT64:-220}" --no-baseline ;;
+  mid)
+    one s43_16 16 "3 4" "${REPEATS:-3}" "${LIMIT16:-300}" --no-baseline
+    one s43_1 1 "3 4" "${REPEATS1:-4}" "${LIMIT1:-250}" --no-baseline ;;
 esac
 true
