@@ -9,6 +9,8 @@
 #   bash scripts/gpu/session43.sh lo    # 1 and 4: no spec, K = 3, 4, adaptive, pl; 3 windows
 #   bash scripts/gpu/session43.sh hi    # 256 (K = 4, adaptive, pl; 3 windows), then 64
 #                                       # (K = 4, 5, adaptive, pl; 2 windows)
+#   bash scripts/gpu/session43.sh b8    # the 8B shape, acceptance REPLAYED: 256 (K = 5, 7)
+#                                       # and 16 (K = 7), adaptive and pl
 #   bash scripts/gpu/session43.sh mid   # 16 (K = 3, 4, adaptive, pl; 3 windows), then 1
 #                                       # again (4 windows)
 set +e +o pipefail
@@ -25,7 +27,16 @@ one() {  # TAG LEVELS FIXED REPEATS LIMIT [more bench args]
     gzip -f "$OUT/$tag/steps.json"
   fi
 }
+b8() {  # TAG LEVEL FIXED REQUESTS REPEATS SLICE LIMIT: the 8B shape, acceptance REPLAYED
+  TAG=$1 LEVEL=$2 FIXED="$3" REQUESTS=$4 REPEATS=$5 VARIANTS="pl:settle=off" \
+    BASELINE="--no-baseline --slice-ms $6 --window-s 3 --step-log" LIMIT=$7 \
+    bash scripts/gpu/session34.sh
+  [ -f "$OUT/b8_$1/steps.json" ] && gzip -f "$OUT/b8_$1/steps.json"
+}
 case "$1" in
+  b8)  # the Llama-3-8B shape at 256 (K = 5, 7) and 16 (K = 7); adaptive, pl
+    b8 s43_c256 256 "5 7" 512 2 300 ${LIMIT8:-170}
+    b8 s43_c16 16 "7" 48 3 200 ${LIMIT16:-110} ;;
   lo)
     one s43_lo "1 4" "3 4" "${REPEATS:-3}" "${LIMIT:-560}" ;;
   hi)
