@@ -97,6 +97,9 @@ PANELS = [
             ("s42 +st", "h200/session42/b8_s42_c16", "adaptive≤7 st"),
             ("s42 +st", "h200/session42/b8_s42_c64", "adaptive≤7 st"),
             ("s42 +st", "h200/session42/b8_s42_c256g", "adaptive≤7 st"),
+            # Session 43 (e364dee's code): settle the default, so plain "adaptive≤7".
+            ("s43 e364dee", "h200/session43/b8_s43_c16"),
+            ("s43 e364dee", "h200/session43/b8_s43_c256"),
         ],
     ),
     (
@@ -183,6 +186,13 @@ PANELS = [
             ("s42 +st", "h200/session42/s42_256g", "adaptive≤7 st"),
             ("s42 +st", "h200/session42/s42_256r", "adaptive≤7 st"),
             ("s42 +st", "h200/session42/s42_c1", "adaptive≤7 st"),
+            # Session 43 (e364dee's code, after session 42's review): settle the default,
+            # so plain "adaptive≤7"; "pl" (settle off) beside it.
+            ("s43 e364dee", "h200/session43/s43_lo"),
+            ("s43 e364dee", "h200/session43/s43_1"),
+            ("s43 e364dee", "h200/session43/s43_16"),
+            ("s43 e364dee", "h200/session43/s43_64"),
+            ("s43 e364dee", "h200/session43/s43_256"),
         ],
     ),
     (
