@@ -11,12 +11,16 @@
 #                                       # (K = 4, 5, adaptive, pl; 2 windows)
 #   bash scripts/gpu/session43.sh b8    # the 8B shape, acceptance REPLAYED: 256 (K = 5, 7)
 #                                       # and 16 (K = 7), adaptive and pl
+#   bash scripts/gpu/session43.sh b8lo  # the same at 1, 4 (K = 7) and 64 (K = 5, 7)
 #   bash scripts/gpu/session43.sh mid   # 16 (K = 3, 4, adaptive, pl; 3 windows), then 1
 #                                       # again (4 windows)
 set +e +o pipefail
-bash scripts/gpu/stage_piece.sh "${LAST:-p5}" >/dev/null 2>&1
-source scripts/gpu/session31.sh none
-stage_model
+case "$1" in  # SmolLM2's calls join the staged GGUF; the 8B shape needs none
+  lo|hi|mid)
+    bash scripts/gpu/stage_piece.sh "${LAST:-p5}" >/dev/null 2>&1
+    source scripts/gpu/session31.sh none
+    stage_model ;;
+esac
 one() {  # TAG LEVELS FIXED REPEATS LIMIT [more bench args]
   local tag=$1 levels=$2 fixed=$3 repeats=$4 limit=$5; shift 5
   bench "$limit" "$tag" 16 128 "$repeats" --fixed $fixed --concurrency $levels \
@@ -37,6 +41,10 @@ case "$1" in
   b8)  # the Llama-3-8B shape at 256 (K = 5, 7) and 16 (K = 7); adaptive, pl
     b8 s43_c256 256 "5 7" 512 2 300 ${LIMIT8:-170}
     b8 s43_c16 16 "7" 48 3 200 ${LIMIT16:-110} ;;
+  b8lo)  # the 8B shape at 1, 4 (K = 7) and 64 (K = 5, 7); adaptive, pl
+    b8 s43_c1 1 "7" 8 3 200 ${LIMIT1:-100}
+    b8 s43_c4 4 "7" 16 3 200 ${LIMIT4:-100}
+    b8 s43_c64 64 "5 7" 128 2 200 ${LIMIT64:-150} ;;
   lo)
     one s43_lo "1 4" "3 4" "${REPEATS:-3}" "${LIMIT:-560}" ;;
   hi)
