@@ -98,7 +98,10 @@ PANELS = [
             ("s42 +st", "h200/session42/b8_s42_c64", "adaptive≤7 st"),
             ("s42 +st", "h200/session42/b8_s42_c256g", "adaptive≤7 st"),
             # Session 43 (e364dee's code): settle the default, so plain "adaptive≤7".
+            ("s43 e364dee", "h200/session43/b8_s43_c1"),
+            ("s43 e364dee", "h200/session43/b8_s43_c4"),
             ("s43 e364dee", "h200/session43/b8_s43_c16"),
+            ("s43 e364dee", "h200/session43/b8_s43_c64"),
             ("s43 e364dee", "h200/session43/b8_s43_c256"),
         ],
     ),
@@ -335,12 +338,19 @@ def bench_rows(path: Path) -> list[dict]:
 # machine; session 36's sweep, 78810c0, is in docs/results/bench/h200/session36/):
 # (folder, the row of adaptive at the defaults), drawn as "adaptive≤7" with the run's
 # other adaptive rows left out.
-SWEEP_8B = [
-    ("h200/session39/b8_s39_c1", "adaptive≤7"),
-    ("h200/session39/b8_s39_c4", "adaptive≤7"),
-    ("h200/session39/b8_s39_c16", "adaptive≤7"),
-    ("h200/session39/b8_s39_c64", "adaptive≤7"),
-    ("h200/session39/b8_s39_c256", "adaptive≤7"),
+SWEEP_8B = [  # session 43, e364dee (session 39's: h200/session39/b8_s39_c*)
+    ("h200/session43/b8_s43_c1", "adaptive≤7"),
+    ("h200/session43/b8_s43_c4", "adaptive≤7"),
+    ("h200/session43/b8_s43_c16", "adaptive≤7"),
+    ("h200/session43/b8_s43_c64", "adaptive≤7"),
+    ("h200/session43/b8_s43_c256", "adaptive≤7"),
+]
+
+SWEEP_SMOLLM2 = [  # session 43, e364dee: 1 and 4 (with no speculation) from one run
+    ("h200/session43/s43_lo", "adaptive≤7"),
+    ("h200/session43/s43_16", "adaptive≤7"),
+    ("h200/session43/s43_64", "adaptive≤7"),
+    ("h200/session43/s43_256", "adaptive≤7"),
 ]
 
 
@@ -372,8 +382,13 @@ def plot_merged_sweep(folders: list[tuple[str, str]], out: Path, title: str) -> 
 def main() -> None:
     plot_merged_sweep(
         SWEEP_8B,
-        RESULTS / "h200" / "session39" / "b8_levels.png",
+        RESULTS / "h200" / "session43" / "b8_levels.png",
         "H200, Llama-3-8B shape, acceptance REPLAYED; fixed Ks as run at each level",
+    )
+    plot_merged_sweep(
+        SWEEP_SMOLLM2,
+        RESULTS / "h200" / "session43" / "smollm2_levels.png",
+        "H200, SmolLM2-135M + shipped drafter; fixed Ks as run at each level",
     )
     import matplotlib
 
