@@ -272,6 +272,7 @@ PANELS = [
             ("s42 4f091e6", "cpu_session42_mainjob_4f091e6"),
             ("s42 7a2aa9a", "cpu_session42_mainjob_7a2aa9a"),
             ("s42 fd33b23", "cpu_session42_mainjob_fd33b23"),
+            ("s43 8a74373", "cpu_session43_mainjob_8a74373"),
         ],
     ),
 ]
