@@ -678,6 +678,74 @@ def test_deferred_drafter_upkeep_drafts_exactly_as_eager_upkeep(tmp_path, patter
     np.testing.assert_allclose(np.array(results[0][1]), np.array(results[1][1]), atol=1e-5)
 
 
+def _prefill_beside_decodes(engine, prompt_length):
+    """Two short requests decode for three steps; then a long prompt arrives. Returns the
+    outputs, the long prompt's chunk sizes and, per step from its arrival, whether the step
+    held its draft room back."""
+    requests = [engine.add_request(p, GREEDY) for p in ([5, 6, 7], [9, 8, 7, 6])]
+    for _ in range(3):
+        engine.step()
+    long_prompt = np.random.default_rng(1).integers(0, 256, prompt_length).tolist()
+    requests.append(engine.add_request(long_prompt, GREEDY))
+    sizes, held = [], []
+    while engine.has_unfinished():
+        before = requests[2].num_computed
+        engine.step()
+        held.append(engine._room_held)
+        if before < prompt_length:  # a chunk of the prompt (then it decodes)
+            sizes.append(requests[2].num_computed - before)
+    return [r.output_ids for r in requests], sizes, held
+
+
+@pytest.mark.parametrize("hold", ["on", "off"])
+def test_after_an_undrafted_decision_a_prompt_chunk_takes_the_draft_room(tiny, hold):
+    """``hold_draft_room``: once a decided step drafted nothing (here the gate vetoes every
+    step), a step with prompt work schedules no draft room, so the chunk takes all the
+    budget the two decodes leave (62 of 64 tokens), as without speculation; off, each
+    decode reserves 3 drafts and the chunk gets 56. Lossless either way."""
+    config = {"max_num_batched_tokens": 64}
+    expected, plain_sizes, _ = _prefill_beside_decodes(LLMEngine(tiny, EngineConfig(**config)), 300)
+    assert plain_sizes == [62, 62, 62, 62, 52]
+    engine = LLMEngine(
+        tiny,
+        EngineConfig(spec="adaptive", num_drafts=3, hold_draft_room=hold, **config),
+        cost_model=CheapCost(3),
+    )
+    engine.gate = ScriptedGate([False])  # the cost model drafts, the gate says no
+    outputs, sizes, held = _prefill_beside_decodes(engine, 300)
+    assert outputs == expected
+    if hold == "on":
+        assert sizes == plain_sizes
+        assert held[:5] == [True] * 5 and not any(held[5:])  # decodes alone decide again
+        assert engine.stats.held_steps == 5
+    else:
+        assert sizes == [56] * 5 + [20]
+        assert engine.stats.held_steps == 0 and not any(held)
+
+
+def test_draft_room_is_held_back_at_most_hold_limit_steps_in_a_row(tiny):
+    """A long prompt (fourteen chunks of at most 30 tokens): after ``HOLD_LIMIT`` held
+    steps one step reserves the room (a chunk of 24) and decides again (the gate still
+    says no), then the holding resumes."""
+    from dspark.engine.engine import HOLD_LIMIT
+
+    engine = LLMEngine(
+        tiny,
+        EngineConfig(
+            spec="adaptive", num_drafts=3, max_num_batched_tokens=32, hold_draft_room="auto"
+        ),
+        cost_model=CheapCost(4),
+    )
+    assert engine._holds_room  # "auto" on a CPU: no look-ahead
+    with pytest.raises(ValueError, match="hold_draft_room"):
+        EngineConfig(hold_draft_room="yes")
+    engine.gate = ScriptedGate([False])
+    _, sizes, held = _prefill_beside_decodes(engine, 400)
+    assert HOLD_LIMIT == 8
+    assert sizes == [30] * 8 + [24] + [30] * 4 + [16]
+    assert held[: len(sizes)] == [True] * 8 + [False] + [True] * 5
+
+
 class LedgerGate(ScriptedGate):
     """A scripted gate that keeps every step it times, in order."""
 

@@ -174,6 +174,7 @@ class Measurement:
     filled_steps: int = 0
     cheap_cuts: int = 0  # adaptive: drafts all verified, the cut priced dearer (EngineConfig)
     settled_steps: int = 0  # adaptive: drafting steps run at a settled depth (EngineConfig.settle)
+    held_steps: int = 0  # adaptive: steps that held their draft room back (hold_draft_room)
     filled_drafts: int = 0
     tok_s_wall: float = 0.0  # generated tokens over the whole wall time, captures included
     undrafted_steps: int = 0  # adaptive: steps with decodes where it chose not to draft
@@ -516,6 +517,7 @@ def _measurement(
         filled_steps=stats.filled_steps,
         cheap_cuts=stats.cheap_cuts,
         settled_steps=stats.settled_steps,
+        held_steps=stats.held_steps,
         filled_drafts=stats.filled_drafts,
         tok_s_wall=tokens / seconds,
         undrafted_steps=stats.undrafted_steps,
@@ -963,6 +965,7 @@ def summarise(measurements: list[Measurement]) -> dict:
         "filled_steps",
         "cheap_cuts",
         "settled_steps",
+        "held_steps",
         "filled_drafts",
         "tok_s_wall",
         "undrafted_steps",

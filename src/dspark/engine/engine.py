@@ -45,6 +45,11 @@ from dspark.scheduling.gate import ALONE_CONFIDENCE, ALONE_WINDOW, ThroughputGat
 DEFER_LIMIT = 32
 """Most undrafted steps whose drafter context updates are held back at once."""
 
+HOLD_LIMIT = 8
+"""Most steps in a row that hold their draft room back (``EngineConfig.hold_draft_room``):
+then one step reserves it and decides again, so a stream of prompts never keeps an
+engine from drafting for good."""
+
 
 class SpecMode(str, enum.Enum):
     NONE = "none"
@@ -139,6 +144,16 @@ class EngineConfig:
     # Adaptive: on steps the gate leaves undrafted, hold the drafter's context updates back
     # and run them batched (every DEFER_LIMIT steps, or before the next drafting step).
     defer_upkeep: bool = True
+    # Adaptive: a step with prompt work (a chunk in progress, or a prompt waiting for a free
+    # slot) right after a decided step that drafted nothing reserves no draft room in the
+    # token budget, so its prompt chunk takes the room drafts would not use; such a step
+    # drafts nothing and decides nothing (at most HOLD_LIMIT in a row). "auto": on without
+    # the look-ahead (the decision comes after the batch is scheduled); "on", "off". Off by
+    # default: SmolLM2 on the 2-core CPU at 16 requests, where no speculation beats every
+    # fixed K and adaptive's prompts went in 12 chunks to no speculation's 7 (its budget
+    # holding 7 drafts a decode it did not draft), held about 5 steps a window and ran
+    # level with it off (session 43, eight windows: off 1.006x, paired 1.008, 0.86-1.09).
+    hold_draft_room: str = "off"
     # Adaptive: decide the next step's drafting depth while the device runs this step's
     # forward, for the same requests ("auto": on for CUDA, where the forward runs
     # asynchronously; "on", "off"). Used as the next step's own decision if the next
@@ -288,6 +303,10 @@ class EngineConfig:
             raise ValueError(f"overhead_fit must be 'line' or 'depth', got {self.overhead_fit!r}")
         if self.small_rows not in ("tune", "transposed"):
             raise ValueError(f"small_rows must be 'tune' or 'transposed', got {self.small_rows!r}")
+        if self.hold_draft_room not in ("auto", "on", "off"):
+            raise ValueError(
+                f"hold_draft_room must be 'auto', 'on' or 'off', got {self.hold_draft_room!r}"
+            )
         if self.cheap_cuts not in ("auto", "on", "off"):
             raise ValueError(f"cheap_cuts must be 'auto', 'on' or 'off', got {self.cheap_cuts!r}")
         if self.settle not in ("auto", "on", "off"):
@@ -368,6 +387,7 @@ class EngineStats:
     gate_vetoes: int = 0  # adaptive: of those, steps the cost model drafted but the gate not
     ceiling_cuts: int = 0  # adaptive: drafted steps drafted shallower by the depth ceiling
     probes: int = 0  # adaptive: drafted steps the cost model declined (``should_probe``)
+    held_steps: int = 0  # adaptive: steps that held their draft room back (hold_draft_room)
     # Adaptive: drafted steps whose budget verified fewer drafts than were proposed.
     budget_cuts: int = 0
     # Steps whose budget was raised into the padding of the graph they replay, and the
@@ -631,6 +651,13 @@ class LLMEngine:
         # settled depth and the drafting steps left to run at it; whether this step runs
         # at it, and its cut.
         self._settles = settle == "on"
+        # ``EngineConfig.hold_draft_room``: whether steps may hold their draft room back,
+        # the depth the latest decided step took (None: none decided yet), whether this
+        # step holds it back and how many did in a row.
+        self._holds_room = False
+        self._last_depth: int | None = None
+        self._room_held = False
+        self._held_in_a_row = 0
         self._settle_log: deque[tuple] = deque(maxlen=SETTLE_WINDOW)
         self._settled_depth = 0
         self._settled_reqs = 0.0  # the window's median of decoding requests
@@ -674,6 +701,9 @@ class LLMEngine:
             )
             self.verifier.depth_margin = config.depth_margin
             self.verifier.draft_margin = config.draft_margin
+            self._holds_room = config.hold_draft_room == "on" or (
+                config.hold_draft_room == "auto" and not self.lookahead
+            )
             # Only this package's model takes the forward's time (``ObservedDraftCost``).
             self._normalise_speed = isinstance(cost_model, ObservedDraftCost) and (
                 config.normalise_speed == "on"
@@ -764,9 +794,11 @@ class LLMEngine:
     def step(self) -> list[Request]:
         """Run one engine step; returns the requests that got tokens or finished."""
         room = self.config.num_drafts if self.drafter is not None else 0
-        chunks = self.scheduler.schedule(room)
+        self._room_held = bool(room) and self._holds_draft_room()
+        chunks = self.scheduler.schedule(0 if self._room_held else room)
         if not chunks:
             return []
+        self._held_in_a_row = self._held_in_a_row + 1 if self._room_held else 0
         self._step_index += 1
         phase = step_start = time.perf_counter()
         self._step_start_ms = step_start * 1e3
@@ -1014,6 +1046,9 @@ class LLMEngine:
         if not decode_index:
             return drafts, probs
         self._step_decoding = len(decode_index)
+        if self._room_held:  # no draft room this step (``hold_draft_room``): undecided
+            self.stats.held_steps += 1
+            return drafts, probs
         limit_list = [self._draft_limit(chunks[i]) for i in decode_index]
         limits = np.array(limit_list)
         batch = None
@@ -1128,6 +1163,18 @@ class LLMEngine:
             self._unrecorded = round_
         else:
             self.verifier.record(*round_)
+
+    def _holds_draft_room(self) -> bool:
+        """``EngineConfig.hold_draft_room``: whether this step schedules no draft room: the
+        latest decided step drafted nothing, no settled stretch is running, a prompt can use
+        the budget this step, and fewer than ``HOLD_LIMIT`` steps in a row held it back."""
+        return (
+            self._holds_room
+            and self._last_depth == 0
+            and not self._settled_left
+            and self._held_in_a_row < HOLD_LIMIT
+            and self.scheduler.has_prompt_work()
+        )
 
     def _stays_settled(self, num_decoding: int) -> bool:
         """``EngineConfig.settle``: whether a settled stretch goes on for a step with
@@ -1339,6 +1386,7 @@ class LLMEngine:
                         self._planned = None
         self.stats.depth_steps[depth] += 1
         self._priced_step = (num_reqs, num_tokens, depth, batch.context)
+        self._last_depth = depth
         if depth == 0:
             self._to_relax = batch.slots[batch.decode_index]
             if not self.lookahead:

@@ -57,6 +57,13 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_prompt_work(self) -> bool:
+        """Whether a prompt can take tokens this step: a running request still prefilling,
+        or a waiting one and a free slot to admit it."""
+        if self.waiting and self.free_slots:
+            return True
+        return any(r.num_tokens - r.num_computed > 1 for r in self.running)
+
     def schedule(self, draft_room: int) -> list[ScheduledChunk]:
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
