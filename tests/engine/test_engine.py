@@ -723,6 +723,43 @@ def test_after_an_undrafted_decision_a_prompt_chunk_takes_the_draft_room(tiny, h
         assert engine.stats.held_steps == 0 and not any(held)
 
 
+def test_held_steps_defer_the_drafters_upkeep_and_stay_lossless(tmp_path):
+    """With a DSpark drafter (it observes every kept position), a step holding its draft
+    room back keeps the drafter's context update for later, as an undrafted step does;
+    drafting resumes after the prompt and the output is plain greedy's."""
+    from dspark.engine.drafter import DSparkDrafter
+    from tests.models.test_drafter import random_drafter
+
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    drafter = random_drafter(target, block_size=4)
+    expected, _, _ = _prefill_beside_decodes(
+        LLMEngine(target, EngineConfig(max_num_batched_tokens=32)), 200
+    )
+    engine = LLMEngine(
+        target,
+        EngineConfig(
+            spec="adaptive", num_drafts=3, max_num_batched_tokens=32, hold_draft_room="on"
+        ),
+        drafter=DSparkDrafter(drafter, 16384, 16),
+        cost_model=CheapCost(5),
+    )
+    engine.gate = ScriptedGate([False, False, True])  # drafts one decided step in three
+    deferred = []
+    original = engine._observe
+
+    def observe(kept, features):
+        original(kept, features)
+        if engine._room_held:
+            deferred.append(bool(engine._deferred))
+
+    engine._observe = observe
+    outputs, _, _ = _prefill_beside_decodes(engine, 200)
+    assert outputs == expected
+    assert engine.stats.held_steps > 0 and len(deferred) == engine.stats.held_steps
+    assert all(deferred)  # every held step's update waits
+    assert engine.stats.num_verified > 0 and not engine._deferred
+
+
 def test_draft_room_is_held_back_at_most_hold_limit_steps_in_a_row(tiny):
     """A long prompt (fourteen chunks of at most 30 tokens): after ``HOLD_LIMIT`` held
     steps one step reserves the room (a chunk of 24) and decides again (the gate still

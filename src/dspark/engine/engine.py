@@ -1848,7 +1848,9 @@ class LLMEngine:
         else:
             selected = features[torch.from_numpy(rows).to(features.device)]
         step = self._priced_step  # set when adaptive verification decided this step
-        if self.config.defer_upkeep and step is not None and step[2] == 0:
+        # Undrafted: decided so, or holding its draft room back (``hold_draft_room``).
+        undrafted = self._room_held or (step is not None and step[2] == 0)
+        if self.config.defer_upkeep and undrafted:
             items = [(r, start, count, r.num_preemptions) for r, start, _, count in kept]
             self._deferred.append((items, selected))
             self._held_back = True
