@@ -273,6 +273,7 @@ PANELS = [
             ("s42 7a2aa9a", "cpu_session42_mainjob_7a2aa9a"),
             ("s42 fd33b23", "cpu_session42_mainjob_fd33b23"),
             ("s43 8a74373", "cpu_session43_mainjob_8a74373"),
+            ("s43 89d5d9e", "cpu_session43_mainjob_89d5d9e"),
             ("s43 c16", "cpu_session43_c16/run1"),
             ("s43 c16", "cpu_session43_c16/run2"),
         ],
