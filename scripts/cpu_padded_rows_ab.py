@@ -15,8 +15,8 @@ import time
 import numpy as np
 import torch
 
-from dspark.models import llama
 from dspark.models.loader import load_model
+from dspark.ops import linear as llama
 
 COUNTS = (*range(1, 17), 20, 24, 32)
 
@@ -42,8 +42,11 @@ def main() -> None:
     gain, llama.PAD_GAIN = llama.PAD_GAIN, 0.0
     unpadded = plan_from_times(measured)  # the same choices of product, never padded
     llama.PAD_GAIN = gain
-    print("tuned sweeps, ms [F.linear, weight @ x.T]:")
-    print("  " + ", ".join(f"{n}: {a * 1e3:.1f}/{b * 1e3:.1f}" for n, (a, b) in measured.items()))
+    print(f"tuned sweeps, ms {list(llama.PATHS)}:")
+    print(
+        "  "
+        + ", ".join(f"{n}: " + "/".join(f"{t * 1e3:.1f}" for t in ts) for n, ts in measured.items())
+    )
     print(f"tuning {tuning_s:.1f} s; padded plan 1-32: {list(padded[1:33])}")
     shapes = {tuple(w.shape) for w in weights}
     inputs = {n: torch.randn(COUNTS[-1], n) for n in {w.shape[1] for w in weights}}
@@ -61,10 +64,12 @@ def main() -> None:
                     times[rows][name].append((time.perf_counter() - t) * 1e3)
     for shape in shapes:
         llama._ROW_PLAN[shape] = padded
-    print(f"{'rows':>4} {'plan':>5} {'padded ms':>10} {'unpadded ms':>12} {'ratio':>6}")
+    print(f"{'rows':>4} {'plan':>14} {'padded ms':>10} {'unpadded ms':>12} {'ratio':>6}")
     for rows in COUNTS:
         a, b = (float(np.median(times[rows][k])) for k in ("padded", "unpadded"))
-        print(f"{rows:>4} {padded[rows]:>5} {a:>10.1f} {b:>12.1f} {a / b:>6.3f}")
+        print(
+            f"{rows:>4} {' '.join(map(str, padded[rows])):>14} {a:>10.1f} {b:>12.1f} {a / b:>6.3f}"
+        )
 
 
 if __name__ == "__main__":

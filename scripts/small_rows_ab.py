@@ -12,8 +12,8 @@ import numpy as np
 from dspark.bench.sweep import Setting, bench_prompts, closed_loop, engine_for
 from dspark.engine.graphs import CAPTURE_AFTER_WASTE
 from dspark.engine.sampling import SamplingParams
-from dspark.models.llama import forget_small_rows, tune_small_rows
 from dspark.models.loader import load_model
+from dspark.ops.linear import forget_small_rows, tune_small_rows
 
 
 class Args:

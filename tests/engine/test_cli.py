@@ -65,7 +65,7 @@ def test_profile_round_trip(tmp_path, tiny):
     LLMEngine(tiny, config)
     assert path.stat().st_mtime_ns == before
     # Products under another small-row plan cost otherwise: that profile is not this one's.
-    from dspark.models.llama import forget_small_rows, tune_small_rows
+    from dspark.ops.linear import forget_small_rows, tune_small_rows
 
     assert profile.row_plan is not None
     forget_small_rows(tiny.model.linear_weights())

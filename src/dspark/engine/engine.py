@@ -34,9 +34,9 @@ from dspark.engine.speculative import (
     verify,
     verify_sampled,
 )
-from dspark.models.llama import forget_small_rows, tune_small_rows
 from dspark.models.loader import LoadedModel
 from dspark.ops import allocate_drafts_torch
+from dspark.ops.linear import forget_small_rows, tune_small_rows
 from dspark.scheduling import AdaptiveVerifier, StepCostModel, allocate_drafts
 from dspark.scheduling.ceiling import DepthCeiling
 from dspark.scheduling.cost import ObservedDraftCost
@@ -251,13 +251,13 @@ class EngineConfig:
     # a GPU (``--variant dc:depth_ceiling=on``).
     depth_ceiling: bool = False
     # CPU: products of 1-64 rows (a verify step's K + 1 per request) run as whichever of
-    # F.linear and weight @ x.T measured faster on this machine at start-up, over the
-    # target's own weights, padded with zero rows to a larger count where that measured
-    # clearly faster (the drafter's shapes that match them follow; its others keep the
-    # untuned rule) ("tune", 6-9 s here, once per process and model;
-    # ``dspark.models.llama.tune_small_rows``), or as weight @ x.T for 2-16 rows
-    # ("transposed", the choice before session 10). Per weight shape, process-wide: the
-    # last engine built on a model decides for that model's shapes.
+    # F.linear, weight @ x.T and oneDNN's product over packed weights measured fastest on
+    # this machine at start-up, over the target's own weights, padded with zero rows to a
+    # larger count where that measured clearly faster (the drafter's shapes that match
+    # them follow; its others keep the untuned rule) ("tune", about 10 s here, once per
+    # process and model; ``dspark.ops.linear.tune_small_rows``), or as weight @ x.T for
+    # 2-16 rows ("transposed", the choice before session 10). Per weight shape,
+    # process-wide: the last engine built on a model decides for that model's shapes.
     small_rows: str = "tune"
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ from dspark.engine.graphs import exact_shapes
 from dspark.engine.kv_cache import BlockTable
 from dspark.engine.request import Request
 from dspark.engine.sampling import SamplingParams
-from dspark.models.llama import row_plan
+from dspark.ops.linear import row_plan
 from dspark.scheduling import (
     PROFILE_REPLAYS,
     CostTables,
@@ -44,11 +44,13 @@ EAGER_CAPTURE_SIZES = [1]
 # timed at shallower depths (``draft_depth_samples``); 4: no depth is timed first after the
 # forward (an untimed proposal runs before them, ``_dummy_step``); 5: eager steps also
 # profile every size up to ``EAGER_SMALL_SIZES``, and CPU products of a few rows take the
-# product measured faster (``dspark.models.llama.tune_small_rows``); 6: sizes are timed
+# product measured faster (``dspark.ops.linear.tune_small_rows``); 6: sizes are timed
 # round by round (replay 1 of every size, then replay 2, ...), not size by size; 7: what a
 # key row of attention costs (``key_row_ms``); 8: CPU products may pad their rows to a
-# larger count measured faster (the small-row plan holds row counts, no longer switches).
-PROFILE_FORMAT = 8
+# larger count measured faster (the small-row plan holds row counts, no longer switches);
+# 9: the plan names each count's product (``dspark.ops.linear.PATHS``: oneDNN's packed
+# product joined ``F.linear`` and ``weight @ x.T``).
+PROFILE_FORMAT = 9
 
 EAGER_SMALL_SIZES = 8
 """Eager steps are profiled at every token count 1 ... EAGER_SMALL_SIZES besides the
@@ -79,9 +81,10 @@ class EngineProfile:
     num_drafts: int = 0  # K the drafter was timed at (0: no drafter)
     # (num_reqs, depth, drafter ms) for depths shallower than K (``profiled_depths``).
     draft_depth_samples: list[tuple[int, int, float]] = field(default_factory=list)
-    # CPU: the small-row plan the products ran under (``dspark.models.llama.row_plan``;
-    # None where there is none): timed under another plan, the costs are another's.
-    row_plan: list[int] | None = None
+    # CPU: the small-row plan the products ran under (``dspark.ops.linear.row_plan``, as
+    # [path, rows] per row count; None where there is none): timed under another plan,
+    # the costs are another's.
+    row_plan: list[list | None] | None = None
     # What a step pays per key row its attention gathers (requests x padded key span):
     # a full batch of decodes timed over cached contexts of two lengths, the difference
     # over the rows it added (``measure_key_rows``; 0 where the cache holds no second).
@@ -255,7 +258,9 @@ def current_row_plan(engine: LLMEngine) -> list[int] | None:
     if head is None or engine.device.type != "cpu":
         return None
     plan = row_plan(tuple(head.weight.shape))
-    return None if plan is None else list(plan)
+    if plan is None:
+        return None
+    return [None if entry is None else list(entry) for entry in plan]  # as JSON reads it
 
 
 def captured_sizes(engine: LLMEngine) -> list[int]:

@@ -63,7 +63,7 @@ def check_draft_vocab(ids: np.ndarray | torch.Tensor, vocab_size: int) -> np.nda
 
 
 def _apply(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` through ``dspark.models.llama.linear`` (few rows on CPU read the
+    """``module(x)`` through ``dspark.ops.linear.linear`` (few rows on CPU read the
     weight once)."""
     return linear(x, module.weight, module.bias)
 

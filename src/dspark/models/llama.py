@@ -8,7 +8,6 @@ cached keys and values through ``AttentionBatch`` (see ``dspark.engine.kv_cache`
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark.models.config import ModelConfig
+from dspark.ops.linear import linear
 
 
 @dataclass
@@ -80,191 +80,6 @@ class RMSNorm(nn.Module):
         # one fused op instead of five small ones: an eager step is launch-bound.
         normed = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
         return self.weight * normed.to(x.dtype)
-
-
-SKINNY_ROWS = 16
-"""On CPU, until ``tune_small_rows`` has measured this machine, products with 2 ...
-SKINNY_ROWS rows run as ``weight @ x.T`` (the choice measured on the EPYC of sessions
-5-9)."""
-
-TUNED_ROWS = (*range(1, 17), 24, 32, 48, 64)
-"""The row counts ``tune_small_rows`` times (every count a verify step of up to 16 tokens
-can have, then a few larger ones); a count between two takes the choice of the next one
-timed, and more than the last runs as ``F.linear``."""
-
-PAD_GAIN = 0.9
-PAD_MULTIPLE = 4
-"""``tune_small_rows`` pads a row count's products to a larger count timed, a multiple of
-``PAD_MULTIPLE``, where that one measured at most ``PAD_GAIN`` of the count's own best
-time: the BLAS of this 2-core VM runs some counts slower than larger ones (a forward's
-products over SmolLM2's weights, never padded, ``scripts/cpu_padded_rows_ab.py``: 59.4 ms
-at 3 rows against 52.1 at 4; 82.7-117.3 ms at 8-15 rows against 73.2 at 16), so a verify
-step that checks an in-between number of tokens, as adaptive verification's do, paid
-more than one checking more. The targets are SIMD-friendly widths and the gain asked is
-wide because a count is timed over two sweeps on a machine whose speed wanders: with any
-target and a 5% gain, one tuning padded 5 rows to 6 on a lucky sweep of 6 (41.5 against
-45.8 ms), which then ran 1.30x slower than 5 unpadded (``scripts/cpu_padded_rows_ab.py``)."""
-
-_ROW_PLAN: dict[tuple[int, int], tuple[int, ...]] = {}
-"""Per weight shape, by row count ``r``, how ``linear`` runs ``r`` rows: ``+m`` as
-``weight @ x.T`` over the rows padded with zeros to ``m``, ``-m`` as ``F.linear`` so
-padded (``m == r``: not padded; one row as ``weight @ x.T`` is always padded to two, a
-matrix-vector product being the slower)."""
-
-_TUNED: dict[tuple, tuple[int, ...]] = {}  # the plans tune_small_rows measured, per weight set
-
-
-ROW_MAJOR_MAX_ROWS = 8
-"""Up to this many rows the transposed product's ``[rows, out]`` result is copied
-row-major: left transposed, every elementwise step after it (bias, activation, norm,
-residual, the sampler's reductions) runs along its few rows. This CPU, SmolLM2, a verify
-forward paired against the transposed result (``scripts/cpu_row_major_ab.py``, two runs):
-0.74-0.77x the time at one request verifying 2 tokens, 0.82-0.86x at 4, 0.97x at 8; at
-four requests 0.83-0.96x at 1 token each, 0.90-1.03x at 2, 1.03x at 4 (16 rows, where the
-copy costs what it saves)."""
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear``, except for a few dozen rows on the CPU, where which product is faster,
-    and over how many rows, depends on the machine's BLAS. On the 2-core EPYC of earlier
-    sessions ``F.linear`` cost about one full weight read *per row* for 2-4 rows (the
-    49,152 x 576 LM head: 10 ms for 1 row, 35 ms for 3) while ``weight @ x.T`` read the
-    weight once (6 ms for 3 rows); on the Intel (AVX-512) guest of session 10, over all
-    of SmolLM2's weights as a forward reads them, ``F.linear`` is ahead at 2-3 rows (43-52
-    ms against 69-76) and ``weight @ x.T`` from 5 to 48 (at 32 rows 78 ms against 121);
-    on this VM ``weight @ x.T`` runs 16 rows faster than 7-15 (``PAD_GAIN``). So the
-    product is the one ``tune_small_rows`` measured faster for this weight's shape and
-    row count, over the rows padded with zeros to a larger count where that measured
-    faster (each output row depends on its own input row alone, and the padding's rows
-    are dropped), or, for a weight shape not measured, ``weight @ x.T`` for 2 ...
-    SKINNY_ROWS rows (``scripts/cpu_small_rows.py``). A verify step has K + 1 rows per
-    request.
-
-    One row (a decode step of one request) is a matrix-vector product, which this
-    guest's BLAS runs slower than a two-row product: a forward's products over
-    SmolLM2-shaped weights 60.7 ms for one row with ``F.linear``, 22.1 ms for two rows
-    as ``weight @ x.T`` and 40.2 ms for the one row padded so
-    (``scripts/cpu_small_rows.py``)."""
-    rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if x.device.type != "cpu" or rows == 0:
-        return F.linear(x, weight, bias)
-    plan = _ROW_PLAN.get(weight.shape)  # a torch.Size hashes and compares as a tuple
-    if plan is None:
-        target = rows if 2 <= rows <= SKINNY_ROWS else -rows
-    else:
-        target = plan[rows] if rows < len(plan) else -rows
-    if target == -rows:
-        return F.linear(x, weight, bias)
-    flat = x.reshape(rows, -1)
-    size = abs(target)
-    if size > rows:
-        flat = torch.cat((flat, flat.new_zeros(size - rows, flat.shape[1])))
-    if target < 0:
-        out = F.linear(flat, weight)[:rows]
-    else:
-        out = torch.mm(weight, flat.t())[:, :rows].t()
-        if rows <= ROW_MAJOR_MAX_ROWS:
-            out = out.contiguous()
-    if bias is not None:
-        out = out + bias
-    return out.reshape(*x.shape[:-1], weight.shape[0])
-
-
-def tune_small_rows(
-    weights: Sequence[torch.Tensor], repeats: int = 2, clock=time.perf_counter
-) -> frozenset[int]:
-    """Measure, for each row count of ``TUNED_ROWS``, how fast ``F.linear`` and
-    ``weight @ x.T`` run the products over ``weights`` on this CPU, and have ``linear``
-    take for these weights' shapes, at each count, the faster product over that many
-    rows or, where a larger count timed ran at most ``PAD_GAIN`` of that, the fastest
-    over the rows padded to a larger count; returns the counts timed that were left to
-    ``F.linear`` over their own rows.
-
-    ``weights`` are a model's, in the order a forward reads them: a sweep over all of
-    them reads each from memory as a step does (a few repeated products would time them
-    in cache). Each row count times both products ``repeats`` times, alternating, and
-    keeps each one's fastest sweep (6-9 s for SmolLM2-135M on this 2-core VM). Plans are
-    kept per weight set (shapes, dtype and thread count), so a second engine on the same
-    model does not measure again. CUDA weights, or none, leave everything as it is."""
-    weights = [w for w in weights if w.dim() == 2 and w.device.type == "cpu"]
-    if not weights:
-        return frozenset()
-    key = (tuple(tuple(w.shape) for w in weights), weights[0].dtype, torch.get_num_threads())
-    if key not in _TUNED:
-        _TUNED[key] = _measured_plan(weights, repeats, clock)
-    for w in weights:
-        _ROW_PLAN[tuple(w.shape)] = _TUNED[key]
-    return frozenset(rows for rows in TUNED_ROWS if _TUNED[key][rows] == -rows)
-
-
-def _measured_plan(weights: list[torch.Tensor], repeats: int, clock) -> tuple[int, ...]:
-    generator = torch.Generator().manual_seed(0)
-    inputs = {
-        n: torch.randn(TUNED_ROWS[-1], n, generator=generator).to(weights[0].dtype)
-        for n in {w.shape[1] for w in weights}
-    }
-    # rows -> [F.linear, weight @ x.T] fastest sweep; every count once per round, so that
-    # a slow or fast spell of the machine does not fall on one count's sweeps alone.
-    best = {rows: [float("inf"), float("inf")] for rows in TUNED_ROWS}
-    with torch.inference_mode():
-        for _ in range(repeats):
-            for rows in TUNED_ROWS:
-                for path in (0, 1):
-                    start = clock()
-                    for w in weights:
-                        x = inputs[w.shape[1]][:rows]
-                        if path == 0:
-                            F.linear(x, w)
-                        elif rows == 1:  # as ``linear`` runs it: padded to two rows
-                            torch.mm(w, torch.cat((x, x)).t())
-                        elif rows <= ROW_MAJOR_MAX_ROWS:  # as ``linear`` runs it
-                            torch.mm(w, x.t()).t().contiguous()
-                        else:
-                            torch.mm(w, x.t())
-                    best[rows][path] = min(best[rows][path], clock() - start)
-    return plan_from_times(best)
-
-
-def plan_from_times(best: dict[int, list[float]]) -> tuple[int, ...]:
-    """The plan (``_ROW_PLAN``'s entries, by row count 0 ... the last of ``TUNED_ROWS``)
-    from each timed count's fastest sweep ``[F.linear, weight @ x.T]``: at each count the
-    faster product over its own rows, unless a larger count timed, a multiple of
-    ``PAD_MULTIPLE``, ran at most ``PAD_GAIN`` of that (then the fastest such count and
-    its product, padded to); a count not timed follows the next one timed (padded as it
-    is, or over its own rows)."""
-    counts = sorted(best)
-    chosen: dict[int, int] = {}
-    for i, rows in enumerate(counts):
-        own = min(best[rows])
-        target = rows if best[rows][1] < best[rows][0] else -rows
-        larger = [(min(best[m]), m) for m in counts[i + 1 :] if m % PAD_MULTIPLE == 0]
-        if larger:
-            fastest, m = min(larger)
-            if fastest <= PAD_GAIN * own:
-                target = m if best[m][1] < best[m][0] else -m
-        chosen[rows] = target
-    plan = [0] * (counts[-1] + 1)
-    below = 0
-    for rows in counts:
-        target = chosen[rows]
-        for n in range(below + 1, rows + 1):
-            plan[n] = target if abs(target) > rows else (n if target > 0 else -n)
-        below = rows
-    if plan[1] == 1:  # one row through weight @ x.T: padded to two (timed so)
-        plan[1] = 2
-    return tuple(plan)
-
-
-def row_plan(shape: tuple[int, int]) -> tuple[int, ...] | None:
-    """The small-row plan ``linear`` follows for weights of ``shape`` (None: not tuned)."""
-    return _ROW_PLAN.get(tuple(shape))
-
-
-def forget_small_rows(weights: Sequence[torch.Tensor]) -> None:
-    """``linear`` runs 2 ... SKINNY_ROWS rows as ``weight @ x.T`` for these weights'
-    shapes again, whatever ``tune_small_rows`` measured."""
-    for w in weights:
-        _ROW_PLAN.pop(tuple(w.shape), None)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -389,15 +204,15 @@ def paged_attention(
 def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One weight (and bias) for several projections of the same input. The separate
     weights become views of it, so the model holds each number once."""
-    weight = torch.cat([linear.weight.detach() for linear in linears])
+    weight = torch.cat([part.weight.detach() for part in linears])
     has_bias = linears[0].bias is not None
-    bias = torch.cat([linear.bias.detach() for linear in linears]) if has_bias else None
+    bias = torch.cat([part.bias.detach() for part in linears]) if has_bias else None
     start = 0
-    for linear in linears:
-        rows = linear.weight.shape[0]
-        linear.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
+    for part in linears:
+        rows = part.weight.shape[0]
+        part.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
         if has_bias:
-            linear.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
+            part.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
         start += rows
     return weight, bias
 

@@ -1,0 +1,267 @@
+"""Dense products of a few rows on the CPU: which kernel runs them, over how many rows.
+
+A decode or verify step multiplies a few dozen rows (K + 1 per request) by every weight
+of the model, and on a CPU how long that takes depends far more on the kernel than on the
+arithmetic: on the 2-core EPYC of this project's VM, over all of SmolLM2-135M's weights as
+one forward reads them (``scripts/cpu_packed_products.py``, session 44), ``F.linear``
+took 45-109 ms for 1-32 rows, ``weight @ x.T`` 18-97 ms, and oneDNN over weights packed
+once into its blocked layout 16-49 ms (15.9 at 4 rows against 26.1 for ``weight @ x.T``,
+21.0 at 8 against 45.9, 30.1 at 16 against 63.1). Which is fastest differs by machine
+(session 10's Intel guest ran ``F.linear`` ahead at 2-3 rows), so ``tune_small_rows``
+times the three on the model's own weights at start-up and ``linear`` follows its plan.
+
+Every path gives each output row from its own input row alone, so rows may be padded with
+zeros to a count that runs faster and dropped after.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+FLAT, TRANSPOSED, PACKED = "linear", "transposed", "packed"
+PATHS = (FLAT, TRANSPOSED, PACKED)
+"""How ``linear`` may run a product: ``F.linear``; ``weight @ x.T`` (one weight read for
+the few rows, where this machine's ``F.linear`` read it once per row); oneDNN's product
+over a copy of the weight packed once (``packed_weight``)."""
+
+SKINNY_ROWS = 16
+"""Until ``tune_small_rows`` has measured this machine, products with 2 ... SKINNY_ROWS
+rows run as ``weight @ x.T`` (the choice measured on the EPYC of sessions 5-9)."""
+
+TUNED_ROWS = (*range(1, 17), 24, 32, 48, 64)
+"""The row counts ``tune_small_rows`` times (every count a verify step of up to 16 tokens
+can have, then a few larger ones); a count between two takes the choice of the next one
+timed, and more than the last runs as ``F.linear``."""
+
+PAD_GAIN = 0.9
+PAD_MULTIPLE = 4
+"""``tune_small_rows`` pads a row count's products to a larger count timed, a multiple of
+``PAD_MULTIPLE``, where that one measured at most ``PAD_GAIN`` of the count's own best
+time: the BLAS of this 2-core VM runs some counts slower than larger ones (a forward's
+products over SmolLM2's weights as ``weight @ x.T``, ``scripts/cpu_padded_rows_ab.py``:
+59.4 ms at 3 rows against 52.1 at 4; 82.7-117.3 ms at 8-15 rows against 73.2 at 16). The
+targets are SIMD-friendly widths and the gain asked is wide because a count is timed over
+two sweeps on a machine whose speed wanders: with any target and a 5% gain, one tuning
+padded 5 rows to 6 on a lucky sweep of 6 (41.5 against 45.8 ms), which then ran 1.30x
+slower than 5 unpadded."""
+
+ROW_MAJOR_MAX_ROWS = 8
+"""Up to this many rows the transposed product's ``[rows, out]`` result is copied
+row-major: left transposed, every elementwise step after it (bias, activation, norm,
+residual, the sampler's reductions) runs along its few rows (``scripts/cpu_row_major_ab.py``:
+0.74-0.77x a verify forward's time at one request verifying 2 tokens, 0.97x at 8; at
+four requests of 4 tokens, 16 rows, the copy costs what it saves)."""
+
+PACK_ROWS = 16
+"""The row count oneDNN is told to expect when it packs a weight (the layout it picks;
+packed for 16 or for each count, the products of 1-32 rows timed alike here)."""
+
+_ROW_PLAN: dict[tuple[int, int], tuple[tuple[str, int], ...]] = {}
+"""Per weight shape, by row count ``r``, how ``linear`` runs ``r`` rows: ``(path, m)``,
+the product of ``PATHS`` over the rows padded with zeros to ``m`` (``m == r``: not
+padded). Entry 0 is unused."""
+
+_TUNED: dict[tuple, tuple[tuple[str, int], ...]] = {}  # the plans measured, per weight set
+
+
+def packing_available() -> bool:
+    """Whether this torch has oneDNN's packed products on the CPU."""
+    return torch.backends.mkldnn.is_available() and hasattr(
+        torch.ops.mkldnn, "_reorder_linear_weight"
+    )
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` in oneDNN's blocked layout, packed on first use and kept on the tensor
+    itself (so it lives as long as the weight does); packed again when the weight's
+    storage or version changed (loaded or trained in place since)."""
+    stamp = (weight.data_ptr(), _version(weight))
+    kept = getattr(weight, "_dspark_packed", None)
+    if kept is None or kept[0] != stamp:
+        with torch.no_grad():
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+        kept = (stamp, packed)
+        weight._dspark_packed = kept
+    return kept[1]
+
+
+def packed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` for a contiguous 2-D ``x``, by oneDNN over the packed
+    copy of ``weight``."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed_weight(weight), None, "none", [], "")
+
+
+def drop_packed(weights: Sequence[torch.Tensor]) -> None:
+    """Free the packed copies of ``weights`` (a plan that never takes them)."""
+    for w in weights:
+        if getattr(w, "_dspark_packed", None) is not None:
+            w._dspark_packed = None
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor keeps no version counter
+        return -1
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """``F.linear``, except for a few dozen rows on the CPU: there the product and row
+    count ``tune_small_rows`` measured fastest for this weight's shape (the rows padded
+    with zeros where that count ran faster), or, for a shape not measured, ``weight @
+    x.T`` for 2 ... SKINNY_ROWS rows. One row the plan sends through ``weight @ x.T``
+    or the packed product runs as two (a matrix-vector product is this machine's slower kernel, and
+    oneDNN's rows then match those of every larger count bit for bit). Where autograd
+    records, the packed product (which it cannot differentiate) gives way to ``F.linear``."""
+    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    if x.device.type != "cpu" or rows == 0:
+        return F.linear(x, weight, bias)
+    plan = _ROW_PLAN.get(weight.shape)  # a torch.Size hashes and compares as a tuple
+    if plan is None:
+        path, size = (TRANSPOSED, rows) if 2 <= rows <= SKINNY_ROWS else (FLAT, rows)
+    elif rows < len(plan):
+        path, size = plan[rows]
+    else:
+        path, size = FLAT, rows
+    if path == PACKED and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        path, size = FLAT, rows
+    if path == FLAT and size == rows:
+        return F.linear(x, weight, bias)
+    flat = x.reshape(rows, -1)
+    if size > rows:
+        flat = torch.cat((flat, flat.new_zeros(size - rows, flat.shape[1])))
+    if path == FLAT:
+        out = F.linear(flat, weight)[:rows]
+    elif path == PACKED:
+        out = packed_product(flat.contiguous(), weight)[:rows]
+    else:
+        out = torch.mm(weight, flat.t())[:, :rows].t()
+        if rows <= ROW_MAJOR_MAX_ROWS:
+            out = out.contiguous()
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def tune_small_rows(
+    weights: Sequence[torch.Tensor], repeats: int = 2, clock=time.perf_counter
+) -> frozenset[int]:
+    """Measure, for each row count of ``TUNED_ROWS``, how fast each product of ``PATHS``
+    (the packed one where ``packing_available``) runs over ``weights`` on this CPU, and
+    have ``linear`` take for these weights' shapes, at each count, the fastest over that
+    many rows or, where a larger count timed ran at most ``PAD_GAIN`` of that, the fastest
+    over the rows padded to it; returns the counts timed that were left to ``F.linear``
+    over their own rows.
+
+    ``weights`` are a model's, in the order a forward reads them: a sweep over all of
+    them reads each from memory as a step does (a few repeated products would time them
+    in cache). Each row count times every product ``repeats`` times, in turn, and keeps
+    each one's fastest sweep (about 10 s for SmolLM2-135M on this 2-core VM). Plans are
+    kept per weight set (shapes, dtype and thread count), so a second engine on the same
+    model does not measure again. CUDA weights, or none, leave everything as it is."""
+    weights = [w for w in weights if w.dim() == 2 and w.device.type == "cpu"]
+    if not weights:
+        return frozenset()
+    key = (tuple(tuple(w.shape) for w in weights), weights[0].dtype, torch.get_num_threads())
+    if key not in _TUNED:
+        _TUNED[key] = _measured_plan(weights, repeats, clock)
+    plan = _TUNED[key]
+    for w in weights:
+        _ROW_PLAN[tuple(w.shape)] = plan
+    if all(path != PACKED for path, _ in plan[1:]):
+        drop_packed(weights)
+    return frozenset(rows for rows in TUNED_ROWS if plan[rows] == (FLAT, rows))
+
+
+def _packable(weights: list[torch.Tensor]) -> bool:
+    if not packing_available():
+        return False
+    try:
+        for w in weights:
+            packed_weight(w)
+    except RuntimeError:  # a dtype or shape oneDNN does not pack
+        drop_packed(weights)
+        return False
+    return True
+
+
+def _measured_plan(weights: list[torch.Tensor], repeats: int, clock) -> tuple:
+    generator = torch.Generator().manual_seed(0)
+    inputs = {
+        n: torch.randn(TUNED_ROWS[-1], n, generator=generator).to(weights[0].dtype)
+        for n in {w.shape[1] for w in weights}
+    }
+    paths = PATHS if _packable(weights) else PATHS[:2]
+    # rows -> fastest sweep per path; every count and path once per round, so that a slow
+    # or fast spell of the machine does not fall on one count's sweeps alone.
+    best = {rows: [float("inf")] * len(PATHS) for rows in TUNED_ROWS}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for rows in TUNED_ROWS:
+                for index, path in enumerate(paths):
+                    start = clock()
+                    for w in weights:
+                        x = inputs[w.shape[1]][: max(rows, 2) if path != FLAT else rows]
+                        if path == FLAT:
+                            F.linear(x, w)
+                        elif path == PACKED:  # as ``linear`` runs it: one row as two
+                            packed_product(x, w)
+                        elif rows <= ROW_MAJOR_MAX_ROWS:  # as ``linear`` runs it
+                            torch.mm(w, x.t()).t().contiguous()
+                        else:
+                            torch.mm(w, x.t())
+                    best[rows][index] = min(best[rows][index], clock() - start)
+    return plan_from_times(best)
+
+
+def plan_from_times(best: dict[int, list[float]]) -> tuple:
+    """The plan (``_ROW_PLAN``'s entries, by row count 0 ... the last of ``TUNED_ROWS``)
+    from each timed count's fastest sweep per path (in the order of ``PATHS``; a path not
+    timed is missing or infinite): at each count the fastest path over its own rows,
+    unless a larger count timed, a multiple of ``PAD_MULTIPLE``, ran at most ``PAD_GAIN``
+    of that (then the fastest such count and its fastest path, padded to); a count not
+    timed follows the next one timed (padded as it is, or over its own rows). One row
+    through ``weight @ x.T`` or the packed product runs as two (timed so)."""
+    counts = sorted(best)
+
+    def fastest(rows: int) -> tuple[float, str]:
+        return min((t, path) for t, path in zip(best[rows], PATHS, strict=False))
+
+    chosen: dict[int, tuple[str, int]] = {}
+    for i, rows in enumerate(counts):
+        own, path = fastest(rows)
+        target = (path, rows)
+        larger = [(fastest(m), m) for m in counts[i + 1 :] if m % PAD_MULTIPLE == 0]
+        if larger:
+            (time_m, path_m), m = min(larger)
+            if time_m <= PAD_GAIN * own:
+                target = (path_m, m)
+        chosen[rows] = target
+    plan: list[tuple[str, int] | None] = [None] * (counts[-1] + 1)
+    below = 0
+    for rows in counts:
+        path, size = chosen[rows]
+        for n in range(below + 1, rows + 1):
+            plan[n] = (path, size if size > rows else n)
+        below = rows
+    path, size = plan[1]
+    if path != FLAT and size == 1:
+        plan[1] = (path, 2)
+    return tuple(plan)
+
+
+def row_plan(shape: tuple[int, int]) -> tuple | None:
+    """The small-row plan ``linear`` follows for weights of ``shape`` (None: not tuned)."""
+    return _ROW_PLAN.get(tuple(shape))
+
+
+def forget_small_rows(weights: Sequence[torch.Tensor]) -> None:
+    """``linear`` runs 2 ... SKINNY_ROWS rows as ``weight @ x.T`` for these weights'
+    shapes again, whatever ``tune_small_rows`` measured, and their packed copies go."""
+    for w in weights:
+        _ROW_PLAN.pop(tuple(w.shape), None)
+    drop_packed(weights)

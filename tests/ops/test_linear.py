@@ -1,0 +1,281 @@
+"""The CPU products of a few rows: every plan gives F.linear's rows, and the plan follows
+the times measured."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dspark.ops import linear as ops
+from dspark.ops.linear import FLAT, PACKED, PATHS, TRANSPOSED
+
+needs_packing = pytest.mark.skipif(
+    not ops.packing_available(), reason="this torch has no oneDNN packed products"
+)
+
+
+@pytest.fixture
+def plan_for():
+    """Set the plan of a weight shape for one test (restored after)."""
+    saved = {}
+
+    def set_plan(shape, plan):
+        saved.setdefault(shape, ops._ROW_PLAN.get(shape))
+        ops._ROW_PLAN[shape] = tuple(plan)
+
+    yield set_plan
+    for shape, plan in saved.items():
+        if plan is None:
+            ops._ROW_PLAN.pop(shape, None)
+        else:
+            ops._ROW_PLAN[shape] = plan
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 16, 17])
+def test_untuned_products_match_f_linear(rows):
+    gen = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(96, 40, generator=gen), torch.randn(96, generator=gen)
+    x = torch.randn(rows, 40, generator=gen)
+    torch.testing.assert_close(ops.linear(x, weight, bias), F.linear(x, weight, bias))
+    torch.testing.assert_close(ops.linear(x, weight), F.linear(x, weight))
+    # Row-major for a few rows whichever product ran: what follows runs along its rows.
+    if rows <= ops.ROW_MAJOR_MAX_ROWS:
+        assert ops.linear(x, weight).is_contiguous()
+        assert ops.linear(x, weight, bias).is_contiguous()
+    batched = x.reshape(1, rows, 40)
+    assert ops.linear(batched, weight).shape == (1, rows, 96)
+    torch.testing.assert_close(ops.linear(batched, weight), F.linear(batched, weight))
+
+
+@pytest.mark.parametrize("shape", [(40,), (1, 40), (1, 1, 40)])
+def test_one_row_doubled_through_the_transposed_product(monkeypatch, plan_for, shape):
+    gen = torch.Generator().manual_seed(len(shape))
+    weight, bias = torch.randn(96, 40, generator=gen), torch.randn(96, generator=gen)
+    x = torch.randn(*shape, generator=gen)
+    calls = []
+    original = torch.mm
+
+    def spy(a, b):
+        calls.append(tuple(b.shape))
+        return original(a, b)
+
+    plan_for((96, 40), [None, (TRANSPOSED, 2), (TRANSPOSED, 2)])
+    monkeypatch.setattr(ops.torch, "mm", spy)
+    out = ops.linear(x, weight, bias)
+    assert calls == [(40, 2)]  # the row and a zero row, one product
+    assert out.shape == (*shape[:-1], 96)
+    torch.testing.assert_close(out, F.linear(x, weight, bias))
+
+
+def test_plan_from_times_pads_only_to_a_clearly_faster_larger_count():
+    """Hand-made times ([F.linear, weight @ x.T, packed] per count timed): 3 runs slower
+    than 4, 8 and 12 slower than 16 (by more than PAD_GAIN), 2 within it of 4's time, 24
+    F.linear's and 48 faster than 24 but by less than PAD_GAIN; targets are multiples of
+    PAD_MULTIPLE only; the packed product wins at 16 alone."""
+    inf = float("inf")
+    assert (ops.PAD_GAIN, ops.PAD_MULTIPLE) == (0.9, 4)
+    best = {
+        1: [60.0, 40.0, 45.0],  # weight @ x.T (the row padded to two)
+        2: [50.0, 36.0, 44.0],
+        3: [70.0, 49.0, 50.0],  # 4 is faster: padded to 4
+        4: [80.0, 39.0, 41.0],
+        8: [90.0, 84.0, 85.0],  # 16 is faster: padded to 16, and 5-7 with it
+        12: [95.0, 89.0, 90.0],
+        16: [99.0, 80.0, 74.0],  # packed
+        24: [90.0, 96.0, inf],  # F.linear over its own rows; 48's 88 is not 10% faster
+        48: [88.0, 120.0, inf],
+    }
+    plan = ops.plan_from_times(best)
+    assert len(plan) == 49 and plan[0] is None
+    assert plan[1] == (TRANSPOSED, 2) and plan[2] == (TRANSPOSED, 2)
+    assert plan[3] == (TRANSPOSED, 4) and plan[4] == (TRANSPOSED, 4)
+    assert plan[5:13] == ((PACKED, 16),) * 8  # 5-7 follow 8, padded to 16; 9-12 as 12
+    assert plan[13:17] == tuple((PACKED, n) for n in range(13, 17))  # as 16, own rows
+    assert plan[17:49] == tuple((FLAT, n) for n in range(17, 49))  # as 24 and 48
+    # Two paths timed (no packing here): the same rules over those two.
+    flat = ops.plan_from_times({1: [10.0, 20.0], 2: [10.0, 9.6], 3: [10.0, 9.7]})
+    assert flat == (None, (FLAT, 1), (TRANSPOSED, 2), (TRANSPOSED, 3))
+    # 6 is much faster than 5 but not a multiple of 4; 8 is not faster by PAD_GAIN: 5 and
+    # 6 as themselves. At exactly PAD_GAIN of its time, 7 pads to 8.
+    odd = ops.plan_from_times({5: [50.0, 46.0], 6: [50.0, 30.0], 7: [60.0, 50.0], 8: [60.0, 45.0]})
+    assert odd[5:] == ((TRANSPOSED, 5), (TRANSPOSED, 6), (TRANSPOSED, 8), (TRANSPOSED, 8))
+    # One row through the packed product is padded to two as well.
+    assert ops.plan_from_times({1: [9.0, 8.0, 5.0]})[1] == (PACKED, 2)
+
+
+def _scripted_times(rows: int) -> list[float]:
+    """[F.linear, weight @ x.T, packed]: weight @ x.T leads up to 12 rows and the packed
+    product from 13; 9 rows take 2.5 whichever way (padded to 12: 1.6); F.linear leads
+    at 64 (2.5)."""
+    times = [2.0 + rows / 20, 1.0 + rows / 20, 1.31 + rows / 40]
+    if rows == 9:
+        times = [2.5, 2.5, 2.5]
+    elif rows == 64:
+        times[0] = 2.5
+    return times
+
+
+def _scripted_clock(times_of, paths: int):
+    ticks = [t for _ in range(2) for rows in ops.TUNED_ROWS for t in times_of(rows)[:paths]]
+    now, calls = [0.0], [0]
+
+    def clock():
+        if calls[0] % 2:  # an end: the scripted sweep has run
+            now[0] += ticks[calls[0] // 2]
+        calls[0] += 1
+        return now[0]
+
+    return clock, calls, ticks
+
+
+def _forget(weights):
+    ops.forget_small_rows(weights)
+    for key in [k for k in ops._TUNED if k[0] == tuple(tuple(w.shape) for w in weights)]:
+        del ops._TUNED[key]
+
+
+@needs_packing
+def test_tune_small_rows_times_every_path_and_follows_the_fastest(monkeypatch):
+    """Calls come as (start, end) pairs per repeat, count and product (in PATHS' order):
+    every count and product once a round, two rounds."""
+    weights = [torch.randn(24, 40), torch.randn(40, 24)]
+    clock, calls, ticks = _scripted_clock(_scripted_times, 3)
+    try:
+        assert ops.tune_small_rows(weights, clock=clock) == {64}
+        assert calls[0] == 2 * len(ticks) == 2 * 2 * 3 * len(ops.TUNED_ROWS)
+        # Measured once per weight set: a second engine on the model reads the answer.
+        assert ops.tune_small_rows(weights, clock=clock) == {64}
+        assert calls[0] == 2 * len(ticks)
+        plan = ops.row_plan((24, 40))
+        assert plan[1] == (TRANSPOSED, 2)
+        assert plan[2:9] == tuple((TRANSPOSED, n) for n in range(2, 9))
+        assert plan[9] == (TRANSPOSED, 12) and plan[10] == (TRANSPOSED, 10)
+        assert plan[13:49] == tuple((PACKED, n) for n in range(13, 49))
+        assert plan[49:65] == tuple((FLAT, n) for n in range(49, 65))
+        assert ops.row_plan((40, 24)) == plan
+        assert weights[0]._dspark_packed is not None  # packed once, kept for the run
+
+        seen = {path: [] for path in PATHS}
+        mm, f_linear, packed = torch.mm, F.linear, ops.packed_product
+
+        def spy_mm(a, b):
+            seen[TRANSPOSED].append(b.shape[1])
+            return mm(a, b)
+
+        def spy_linear(x, w, b=None):
+            seen[FLAT].append(x.shape[0])
+            return f_linear(x, w, b)
+
+        def spy_packed(x, w):
+            seen[PACKED].append(x.shape[0])
+            return packed(x, w)
+
+        monkeypatch.setattr(ops.torch, "mm", spy_mm)
+        monkeypatch.setattr(ops.F, "linear", spy_linear)
+        monkeypatch.setattr(ops, "packed_product", spy_packed)
+        for rows in (1, 3, 9, 20, 50, 64, 65):
+            x = torch.randn(rows, 40)
+            torch.testing.assert_close(ops.linear(x, weights[0]), f_linear(x, weights[0]))
+        assert seen == {TRANSPOSED: [2, 3, 12], PACKED: [20], FLAT: [50, 64, 65]}
+        # Where autograd records, the packed product gives way to F.linear.
+        trained = weights[0].clone().requires_grad_()
+        x = torch.randn(20, 40)
+        ops.linear(x, trained).sum().backward()
+        assert seen[FLAT][-1] == 20 and seen[PACKED] == [20]
+        torch.testing.assert_close(trained.grad, x.sum(0).expand(24, 40))
+
+        ops.forget_small_rows(weights)  # back to weight @ x.T for 2 ... 16 rows
+        assert ops.row_plan((24, 40)) is None
+        assert all(w._dspark_packed is None for w in weights)
+        for path in PATHS:
+            seen[path].clear()
+        for rows in (1, 2, 16, 17):
+            ops.linear(torch.randn(rows, 40), weights[0])
+        assert seen == {TRANSPOSED: [2, 16], PACKED: [], FLAT: [1, 17]}
+    finally:
+        _forget(weights)
+
+
+def test_tune_small_rows_without_packing_times_two_products(monkeypatch):
+    """Where oneDNN cannot pack, two products are timed and the plan never packs."""
+    monkeypatch.setattr(ops, "packing_available", lambda: False)
+    weights = [torch.randn(28, 40), torch.randn(40, 28)]
+    clock, calls, ticks = _scripted_clock(_scripted_times, 2)
+    try:
+        assert ops.tune_small_rows(weights, clock=clock) == {64}
+        assert calls[0] == 2 * len(ticks) == 2 * 2 * 2 * len(ops.TUNED_ROWS)
+        plan = ops.row_plan((28, 40))
+        assert all(path != PACKED for path, _ in plan[1:])
+        assert plan[13:33] == tuple((TRANSPOSED, n) for n in range(13, 33))
+        assert plan[33:49] == ((FLAT, 64),) * 16  # 48 pads to 64: 2.5 against 3.4
+        assert getattr(weights[0], "_dspark_packed", None) is None
+    finally:
+        _forget(weights)
+
+
+@needs_packing
+def test_packed_copy_follows_the_weight():
+    """A weight changed in place (loaded, trained) is packed again; a plan that never
+    takes the packed product drops the copies it timed."""
+    gen = torch.Generator().manual_seed(3)
+    weight, x = torch.randn(96, 40, generator=gen), torch.randn(6, 40, generator=gen)
+    torch.testing.assert_close(ops.packed_product(x, weight), F.linear(x, weight))
+    weight.mul_(-2.0)
+    torch.testing.assert_close(ops.packed_product(x, weight), F.linear(x, weight))
+    weight.data = torch.randn(96, 40, generator=gen)
+    torch.testing.assert_close(ops.packed_product(x, weight), F.linear(x, weight))
+
+    weights = [torch.randn(36, 40), torch.randn(40, 36)]
+    clock, _, _ = _scripted_clock(lambda rows: [1.0 + rows / 20, 2.0 + rows / 20, 9.0], 3)
+    try:
+        ops.tune_small_rows(weights, clock=clock)
+        assert all(path == FLAT for path, _ in ops.row_plan((36, 40))[1:])
+        assert all(w._dspark_packed is None for w in weights)
+    finally:
+        _forget(weights)
+
+
+@needs_packing
+@pytest.mark.parametrize("shape", [(576, 1536), (960, 576), (2048, 576)])
+def test_packed_rows_do_not_depend_on_the_row_count(shape):
+    """Every row count from 2 on gives a row the same bits through the packed product
+    (one row runs as two), so a verify step's rows equal a decode step's: the greedy
+    equality of speculative and plain decoding rests on this."""
+    gen = torch.Generator().manual_seed(shape[0])
+    weight, x = torch.randn(*shape, generator=gen), torch.randn(40, shape[1], generator=gen)
+    alone = ops.packed_product(torch.cat((x[:1], x.new_zeros(1, shape[1]))), weight)[0]
+    for rows in range(2, 41):
+        assert torch.equal(ops.packed_product(x[:rows], weight)[0], alone), rows
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.integers(1, 20),
+    extra=st.integers(0, 12),
+    path=st.sampled_from(PATHS if ops.packing_available() else PATHS[:2]),
+    leading=st.sampled_from([(), (1,)]),
+    with_bias=st.booleans(),
+)
+def test_padded_products_match_f_linear(rows, extra, path, leading, with_bias):
+    """Whatever the plan pads a row count to, and with any product, ``linear`` gives
+    F.linear's rows: the zero rows added never reach the output."""
+    gen = torch.Generator().manual_seed(rows * 31 + extra)
+    weight, bias = torch.randn(96, 40, generator=gen), torch.randn(96, generator=gen)
+    x = torch.randn(*leading, rows, 40, generator=gen)
+    plan = [None] * (rows + 1)
+    plan[rows] = (path, rows + extra)
+    saved = ops._ROW_PLAN.get((96, 40))
+    ops._ROW_PLAN[(96, 40)] = tuple(plan)
+    try:
+        b = bias if with_bias else None
+        out = ops.linear(x, weight, b)
+        assert out.shape == (*leading, rows, 96)
+        torch.testing.assert_close(out, F.linear(x, weight, b))
+        if path != FLAT and rows <= ops.ROW_MAJOR_MAX_ROWS:
+            assert out.is_contiguous()
+    finally:
+        if saved is None:
+            ops._ROW_PLAN.pop((96, 40), None)
+        else:
+            ops._ROW_PLAN[(96, 40)] = saved
