@@ -85,6 +85,30 @@ def test_greedy_speculation_equals_plain_greedy_on_a_random_model(tiny, spec):
         assert sum(cuts) > 0  # and some budgets verified fewer drafts than were proposed
 
 
+def test_the_drafter_products_follow_a_plan_measured_on_its_own_weights(tmp_path):
+    """On the CPU the drafter's weights are tuned after the target's: its own shapes get
+    a plan, the shapes it shares with the target keep the target's."""
+    from dspark.ops.linear import forget_small_rows, row_plan
+    from tests.models.test_drafter import random_drafter
+
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=2)
+    drafter = random_drafter(target, block_size=3)
+    _, engine = run(target, [[1, 2, 3]], spec="fixed", num_drafts=2, drafter_model=drafter)
+    weights = engine.drafter.linear_weights()
+    target_shapes = {tuple(w.shape) for w in target.model.linear_weights()}
+    try:
+        for w in weights:
+            plan = row_plan(tuple(w.shape))
+            assert plan is not None
+            if tuple(w.shape) in target_shapes:
+                assert plan is row_plan(tuple(target.model.lm_head.weight.shape))
+        assert any(tuple(w.shape) not in target_shapes for w in weights)
+        head = engine.drafter.head_weight  # None: drafting from the whole vocabulary
+        assert weights[-1] is (target.model.lm_head.weight if head is None else head)
+    finally:
+        forget_small_rows(weights)
+
+
 @pytest.mark.parametrize(
     ("spec", "lookahead"), [("fixed", "off"), ("adaptive", "off"), ("adaptive", "on")]
 )

@@ -279,3 +279,38 @@ def test_padded_products_match_f_linear(rows, extra, path, leading, with_bias):
             ops._ROW_PLAN.pop((96, 40), None)
         else:
             ops._ROW_PLAN[(96, 40)] = saved
+
+
+@needs_packing
+def test_rows_past_the_plan_follow_its_last_count(monkeypatch, plan_for):
+    gen = torch.Generator().manual_seed(5)
+    weight, x = torch.randn(96, 40, generator=gen), torch.randn(70, 40, generator=gen)
+    seen = []
+    packed = ops.packed_product
+
+    def spy(rows, w):
+        seen.append(rows.shape[0])
+        return packed(rows, w)
+
+    monkeypatch.setattr(ops, "packed_product", spy)
+    plan_for((96, 40), [None, (PACKED, 2), (PACKED, 2), (PACKED, 4), (PACKED, 4)])
+    torch.testing.assert_close(ops.linear(x, weight), F.linear(x, weight))
+    torch.testing.assert_close(ops.linear(x[:3], weight), F.linear(x[:3], weight))
+    assert seen == [70, 4]  # past the plan over its own rows; 3 padded to 4 as planned
+
+
+def test_a_second_weight_set_keeps_the_plans_of_shapes_it_shares():
+    """A drafter tuned after its target (``keep_planned``): the shape they share keeps the
+    target's plan, its own shapes take its own."""
+    target = [torch.randn(44, 40), torch.randn(40, 44)]
+    drafter = [torch.randn(44, 40), torch.randn(52, 40)]
+    slow_flat = _scripted_clock(lambda rows: [9.0, 1.0 + rows / 20, 9.0], 3)[0]
+    fast_flat = _scripted_clock(lambda rows: [1.0 + rows / 20, 9.0, 9.0], 3)[0]
+    try:
+        ops.tune_small_rows(target, clock=slow_flat)
+        ops.tune_small_rows(drafter, clock=fast_flat, keep_planned=True)
+        assert ops.row_plan((44, 40))[5] == (TRANSPOSED, 5)  # the target's
+        assert ops.row_plan((52, 40))[5] == (FLAT, 5)  # the drafter's own
+    finally:
+        _forget(target)
+        _forget(drafter)

@@ -114,6 +114,11 @@ class DSparkDrafter:
                     model, self.head_weight, self.vocab_ids, max_num_seqs, capture
                 )
 
+    def linear_weights(self) -> list[torch.Tensor]:
+        """The weights a draft multiplies (``DraftModel.linear_weights``), with the rows
+        of the LM head it drafts from."""
+        return self.model.linear_weights(self.head_weight)
+
     @property
     def has_confidence(self) -> bool:
         return self.model.config.confidence_head

@@ -610,6 +610,12 @@ class LLMEngine:
                     f"{self.drafter.num_positions}, or {off}"
                 )
             self.acceptance = OnlineAcceptance(config.num_drafts)
+            drafter_weights = getattr(self.drafter, "linear_weights", None)
+            if self.device.type == "cpu" and drafter_weights is not None:
+                if config.small_rows == "tune":  # the shapes it shares keep the target's plan
+                    tune_small_rows(drafter_weights(), keep_planned=True)
+                else:
+                    forget_small_rows(drafter_weights())
         # Every padded-step runner (target, drafter, a replayed drafter's inner one): a
         # step that captured a graph in any of them is not timed.
         inner = getattr(self.drafter, "inner", None)

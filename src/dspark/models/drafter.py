@@ -243,6 +243,24 @@ class DraftModel(nn.Module):
         param = self.fc.weight
         return head.weight[ids.to(head.weight.device)].to(param.device, param.dtype).contiguous()
 
+    def linear_weights(self, head_weight: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The weights ``linear`` multiplies in a context update and a draft, in that
+        order, ending with the LM head's rows drafted from (``head_weight``; default the
+        whole head)."""
+        weights = [self.fc.weight]
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            weights += [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
+            weights += [attn.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight]
+            weights.append(mlp.down_proj.weight)
+        if self.config.markov_rank:
+            weights += [self.markov_in.weight, self.markov_out.weight]
+        if self.config.confidence_head:
+            weights.append(self.confidence.weight)
+        if head_weight is None:
+            head_weight = self._require_target()[1].weight
+        return [*weights, head_weight]
+
     def set_draft_vocab(self, ids: np.ndarray | torch.Tensor | None) -> DraftModel:
         """Draft from the token ids ``ids`` only (strictly ascending), or from the whole
         vocabulary (None)."""

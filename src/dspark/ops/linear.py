@@ -35,7 +35,8 @@ rows run as ``weight @ x.T`` (the choice measured on the EPYC of sessions 5-9)."
 TUNED_ROWS = (*range(1, 17), 24, 32, 48, 64)
 """The row counts ``tune_small_rows`` times (every count a verify step of up to 16 tokens
 can have, then a few larger ones); a count between two takes the choice of the next one
-timed, and more than the last runs as ``F.linear``."""
+timed, and more than the last runs as the last does, over its own rows (a prompt chunk;
+session 44, SmolLM2's weights: packed 0.70-0.81x ``F.linear``'s time at 112-512 rows)."""
 
 PAD_GAIN = 0.9
 PAD_MULTIPLE = 4
@@ -126,7 +127,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     elif rows < len(plan):
         path, size = plan[rows]
     else:
-        path, size = FLAT, rows
+        path, size = plan[-1][0], rows
     if path == PACKED and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         path, size = FLAT, rows
     if path == FLAT and size == rows:
@@ -148,7 +149,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def tune_small_rows(
-    weights: Sequence[torch.Tensor], repeats: int = 2, clock=time.perf_counter
+    weights: Sequence[torch.Tensor],
+    repeats: int = 2,
+    clock=time.perf_counter,
+    keep_planned: bool = False,
 ) -> frozenset[int]:
     """Measure, for each row count of ``TUNED_ROWS``, how fast each product of ``PATHS``
     (the packed one where ``packing_available``) runs over ``weights`` on this CPU, and
@@ -162,7 +166,10 @@ def tune_small_rows(
     in cache). Each row count times every product ``repeats`` times, in turn, and keeps
     each one's fastest sweep (about 10 s for SmolLM2-135M on this 2-core VM). Plans are
     kept per weight set (shapes, dtype and thread count), so a second engine on the same
-    model does not measure again. CUDA weights, or none, leave everything as it is."""
+    model does not measure again. CUDA weights, or none, leave everything as it is.
+
+    ``keep_planned``: shapes that already have a plan keep it (a drafter tuned after its
+    target leaves the shapes they share to the target's timing)."""
     weights = [w for w in weights if w.dim() == 2 and w.device.type == "cpu"]
     if not weights:
         return frozenset()
@@ -171,9 +178,10 @@ def tune_small_rows(
         _TUNED[key] = _measured_plan(weights, repeats, clock)
     plan = _TUNED[key]
     for w in weights:
-        _ROW_PLAN[tuple(w.shape)] = plan
+        if not (keep_planned and tuple(w.shape) in _ROW_PLAN):
+            _ROW_PLAN[tuple(w.shape)] = plan
     if all(path != PACKED for path, _ in plan[1:]):
-        drop_packed(weights)
+        drop_packed([w for w in weights if _ROW_PLAN[tuple(w.shape)] is plan])
     return frozenset(rows for rows in TUNED_ROWS if plan[rows] == (FLAT, rows))
 
 
