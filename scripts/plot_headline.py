@@ -276,6 +276,12 @@ PANELS = [
             ("s43 89d5d9e", "cpu_session43_mainjob_89d5d9e"),
             ("s43 c16", "cpu_session43_c16/run1"),
             ("s43 c16", "cpu_session43_c16/run2"),
+            ("s44 ad6a479", "cpu_session44_mainjob_ad6a479"),
+            ("s44 1b09e15", "cpu_session44_mainjob_1b09e15"),
+            ("s44 c16", "cpu_session44_c16_ad6a479"),
+            ("s44 c16", "cpu_session44_c16_ad6a479_r6"),
+            ("s44 c16", "cpu_session44_c16_ad6a479_w12"),
+            ("s44 c16", "cpu_session44_c16_ad6a479_steplog"),
         ],
     ),
 ]
