@@ -110,12 +110,22 @@ def test_the_drafter_products_follow_a_plan_measured_on_its_own_weights(tmp_path
 
 
 @pytest.mark.parametrize(
-    ("spec", "lookahead"), [("fixed", "off"), ("adaptive", "off"), ("adaptive", "on")]
+    ("spec", "lookahead", "block"),
+    [
+        ("fixed", "off", "auto"),
+        ("adaptive", "off", "auto"),
+        ("adaptive", "on", "auto"),
+        ("fixed", "off", "full"),
+        ("adaptive", "off", "full"),
+    ],
 )
-def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(tmp_path, spec, lookahead):
+def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(
+    tmp_path, spec, lookahead, block
+):
     """With the look-ahead on, depths decided ahead are taken by the same decodes and,
     most of the time, by batches that changed (``lookahead_reuse``), and such batches take
-    their shares of the budget planned ahead (``lookahead_shares``): still lossless."""
+    their shares of the budget planned ahead (``lookahead_shares``): still lossless. The
+    drafter's block cut to each step's depth (``draft_block`` "auto" on the CPU) or whole."""
     from tests.models.test_drafter import random_drafter
 
     target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
@@ -134,7 +144,9 @@ def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(tmp_path, 
             drafter_model=drafter,
             lookahead=lookahead,
             max_num_seqs=4,
+            draft_block=block,
         )
+        assert engine.drafter.block_cut == (block == "auto")
         assert [o.token_ids for o in out] == [o.token_ids for o in plain]
         assert engine.stats.num_verified > engine.stats.num_decode_rounds
         reused += engine.stats.lookahead_reused
@@ -307,6 +319,8 @@ def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead, for
     assert EngineConfig().settle == "auto"
     with pytest.raises(ValueError, match="settle"):
         EngineConfig(settle="sometimes")
+    with pytest.raises(ValueError, match="draft_block must be 'auto', 'full' or 'cut'"):
+        EngineConfig(draft_block="half")
 
 
 class RandomCeiling:

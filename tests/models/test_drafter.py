@@ -155,6 +155,54 @@ def test_paged_engine_path_matches_the_training_path(setup):
         np.testing.assert_allclose(proposal.confidences[0], confs, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("graphs", [None, (4, 64)])
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_cut_block_drafts_what_the_training_path_drafts_over_that_block(setup, depth, graphs):
+    """``block_cut``: the block pass runs the deepest draft's positions and one mask token
+    after (``depth + 1`` of the block's 4), and drafts what the training path drafts for a
+    block of that width, eager or through the padded block pass and heads runner."""
+    import dataclasses
+
+    target, drafter = setup
+    ids = [int(x) for x in np.random.default_rng(5).integers(0, 256, size=30)]
+    features = features_for(target, drafter, ids)
+    engine_drafter = DSparkDrafter(drafter, num_rows=256, block_size=4, graphs=graphs)
+    engine_drafter.block_cut = True
+    widths = []  # the block positions each pass ran for its one request
+    if graphs is None:
+        block_pass = engine_drafter._block_pass
+
+        def spy(ids_, positions, batch, anchors=None):
+            widths.append(positions.shape[0])
+            return block_pass(ids_, positions, batch, anchors)
+
+        engine_drafter._block_pass = spy
+    else:
+        run = engine_drafter.graphs.run
+
+        def spy(tables, anchor_pos, queries, *rest):
+            widths.extend(queries.tolist())
+            return run(tables, anchor_pos, queries, *rest)
+
+        engine_drafter.graphs.run = spy
+    full_config = drafter.config
+    for anchor in (3, 11):
+        request = request_for(ids, anchor)
+        engine_drafter.on_finished(request)
+        engine_drafter.observe([request], [0], [anchor], features[:anchor])
+        proposal = engine_drafter.propose([request], np.array([depth]))
+        try:
+            drafter.config = dataclasses.replace(full_config, block_size=depth + 1)
+            cut_tokens, cut_confs = dense_greedy(drafter, features, ids, anchor)
+        finally:
+            drafter.config = full_config
+        assert proposal.tokens[0] == cut_tokens[:depth]
+        np.testing.assert_allclose(
+            proposal.confidences[0][:depth], cut_confs[:depth], rtol=1e-4, atol=1e-5
+        )
+    assert widths == [depth + 1, depth + 1]
+
+
 def test_rollback_after_partial_acceptance(setup):
     target, drafter = setup
     ids = [int(x) for x in np.random.default_rng(4).integers(0, 256, size=30)]

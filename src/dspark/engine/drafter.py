@@ -86,6 +86,9 @@ class DSparkDrafter:
         )
         self.tables: dict[str, BlockTable] = {}
         self.lengths: dict[str, int] = {}  # context positions cached per request
+        # Cut the block pass to the proposal's deepest draft and one mask position after
+        # it (``EngineConfig.draft_block``); False: the whole block of K, as trained.
+        self.block_cut = False
         self.graphs: PaddedStepRunner | None = None
         self.context_graphs: ContextWriter | None = None
         self.heads: DraftHeads | None = None
@@ -197,7 +200,12 @@ class DSparkDrafter:
         anchor_pos = np.array([r.num_tokens - 1 for r in chosen])
         anchor_ids = np.array([r.all_ids[-1] for r in chosen], dtype=np.int64)
         tables = [self.tables[r.request_id] for r in chosen]
-        queries = np.full(len(chosen), k)
+        # The LM head runs once per position, sequentially (the Markov head), and reads the
+        # whole (draft) vocabulary each time: stop at the deepest draft any request may verify.
+        depth = int(max(max_drafts[i] for i in ready))
+        # The block pass: the whole block, or cut past the deepest draft (``block_cut``).
+        width = min(k, depth + 1) if self.block_cut else k
+        queries = np.full(len(chosen), width)
         shape = None if self.graphs is None else self.graphs.shape_for(anchor_pos, queries)
         heads = self.heads
         if heads is not None and not heads.fits(len(chosen)):
@@ -208,19 +216,16 @@ class DSparkDrafter:
         if heads is None or shape is None:
             anchors = torch.from_numpy(anchor_ids).to(self.device)
         if shape is not None:  # block ids: the anchor, then -1 for each mask token
-            ids = np.full((len(chosen), k), -1, dtype=np.int64)
+            ids = np.full((len(chosen), width), -1, dtype=np.int64)
             ids[:, 0] = anchor_ids
             hidden = self.graphs.run(tables, anchor_pos, queries, ids.ravel(), False, shape)
         else:
             batch = self.cache.attention_batch(tables, anchor_pos, queries, causal=False)
-            positions = (anchor_pos[:, None] + np.arange(k)).ravel()
+            positions = (anchor_pos[:, None] + np.arange(width)).ravel()
             hidden = self._block_pass(
                 None, torch.from_numpy(positions).to(self.device), batch, anchors
             )
-        hidden = hidden.view(len(chosen), k, -1)
-        # The LM head runs once per position, sequentially (the Markov head), and reads the
-        # whole (draft) vocabulary each time: stop at the deepest draft any request may verify.
-        depth = int(max(max_drafts[i] for i in ready))
+        hidden = hidden.view(len(chosen), width, -1)
         sampled_probs: list[torch.Tensor | None] = [None] * len(chosen)
         if heads is not None:
             # computed: [ready, K]; row_probs: [ready, depth, V] when a request samples
@@ -254,12 +259,13 @@ class DSparkDrafter:
         return Proposal(tokens, probs, confidences, on_device)
 
     def _block_pass(self, ids, positions, batch, anchors=None) -> torch.Tensor:
-        """The draft layers over packed blocks: ``[n·K, d]`` after the final norm. The
+        """The draft layers over packed blocks: ``[n·w, d]`` after the final norm. The
         block inputs come from ``anchors`` ``[n]`` (eager), or from per-token ``ids``
         (padded steps: the anchor's id, -1 for a mask token)."""
         model = self.model
-        if anchors is not None:
-            hidden = model.block_input(anchors).flatten(0, 1)  # [n·K, d]
+        if anchors is not None:  # [n·width, d]: the positions' count fixes the width
+            width = positions.shape[0] // anchors.shape[0]
+            hidden = model.block_input(anchors, width).flatten(0, 1)
         else:
             embedded = model.embed(ids.clamp(min=0))
             mask = model.mask_embedding.to(embedded.dtype)
@@ -556,12 +562,13 @@ class DraftHeads(_RowGraphs):
         depth: int,
         requests: Sequence[Request],
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Drafts ``[n, depth]`` (token ids) for block outputs ``hidden`` ``[n, K, d]``
-        of ``requests`` after the anchors ``anchor_ids`` ``[n]``; the calibrated
-        confidences ``[n, K]``, positions past ``depth`` holding the deepest one computed
-        (None without a confidence head); and, when a request samples, every row's draft
-        distributions ``[n, depth, V]`` (a greedy row's unused). Views of this runner's
-        buffers: read them before the next ``run``."""
+        """Drafts ``[n, depth]`` (token ids) for block outputs ``hidden`` ``[n, w, d]``
+        (the first w >= depth positions of the block) of ``requests`` after the anchors
+        ``anchor_ids`` ``[n]``; the calibrated confidences ``[n, K]``, positions past
+        ``depth`` holding the deepest one computed (None without a confidence head); and,
+        when a request samples, every row's draft distributions ``[n, depth, V]`` (a
+        greedy row's unused). Views of this runner's buffers: read them before the next
+        ``run``."""
         num_rows = hidden.shape[0]
         sampling = [r.params for r in requests if not r.params.is_greedy]
         kind = GREEDY
@@ -576,7 +583,7 @@ class DraftHeads(_RowGraphs):
             self._stage_sampling(view, requests, depth)
             count = view.shape[0]
         self._send(self.rows, count)
-        self.hidden[:num_rows].copy_(hidden)
+        self.hidden[:num_rows, : hidden.shape[1]].copy_(hidden)
         if not self.capture:
             drafted, confidences = self._body(*shape)
         elif shape in self.graphs:

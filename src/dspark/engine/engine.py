@@ -253,12 +253,23 @@ class EngineConfig:
     # CPU: products of 1-64 rows (a verify step's K + 1 per request) run as whichever of
     # F.linear, weight @ x.T and oneDNN's product over packed weights measured fastest on
     # this machine at start-up, over the target's own weights, padded with zero rows to a
-    # larger count where that measured clearly faster (the drafter's shapes that match
-    # them follow; its others keep the untuned rule) ("tune", about 10 s here, once per
-    # process and model; ``dspark.ops.linear.tune_small_rows``), or as weight @ x.T for
-    # 2-16 rows ("transposed", the choice before session 10). Per weight shape,
+    # larger count where that measured clearly faster, and then the drafter's own shapes
+    # timed alike on its weights ("tune", about 8 s here, once per process and model;
+    # ``dspark.ops.linear.tune_small_rows``), or as weight @ x.T for 2-16 rows
+    # ("transposed", the choice before session 10; nothing packed). Per weight shape,
     # process-wide: the last engine built on a model decides for that model's shapes.
     small_rows: str = "tune"
+    # DSpark drafter: how much of its block the block pass runs. "full": all K positions
+    # (the anchor and K - 1 mask tokens, attending to each other), whatever the step
+    # drafts, as trained; "cut": the positions up to the step's deepest draft and one mask
+    # token after it (``DSparkDrafter.block_cut``), so a shallow step pays a shallow pass.
+    # The cut changes the drafts a little (the positions kept no longer attend to the mask
+    # tokens past the cut):
+    # SmolLM2's drafter at 16 requests on this CPU, acceptance length 1.435 cut against
+    # 1.438 full at K = 1, 1.661 against 1.664 at K = 3, while its pass took 6.8 ms cut
+    # against 12.4 at K = 1 (session 44). Lossless either way. "auto" (the default): cut
+    # on the CPU, where the pass's rows cost compute; full on CUDA (not measured there).
+    draft_block: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", SpecMode(self.spec))
@@ -309,6 +320,10 @@ class EngineConfig:
             )
         if self.cheap_cuts not in ("auto", "on", "off"):
             raise ValueError(f"cheap_cuts must be 'auto', 'on' or 'off', got {self.cheap_cuts!r}")
+        if self.draft_block not in ("auto", "full", "cut"):
+            raise ValueError(
+                f"draft_block must be 'auto', 'full' or 'cut', got {self.draft_block!r}"
+            )
         if self.settle not in ("auto", "on", "off"):
             raise ValueError(f"settle must be 'auto', 'on' or 'off', got {self.settle!r}")
         if self.allocation not in ("auto", "host", "device"):
@@ -610,6 +625,12 @@ class LLMEngine:
                     f"{self.drafter.num_positions}, or {off}"
                 )
             self.acceptance = OnlineAcceptance(config.num_drafts)
+            block = config.draft_block
+            if block == "auto":
+                block = "full" if self.device.type == "cuda" else "cut"
+            proposer = getattr(self.drafter, "inner", self.drafter)  # a replay's own drafter
+            if hasattr(proposer, "block_cut"):
+                proposer.block_cut = block == "cut"
             drafter_weights = getattr(self.drafter, "linear_weights", None)
             if self.device.type == "cpu" and drafter_weights is not None:
                 if config.small_rows == "tune":  # the shapes it shares keep the target's plan

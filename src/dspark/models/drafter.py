@@ -307,9 +307,10 @@ class DraftModel(nn.Module):
         gate, up = _apply(mlp.gate_proj, x), _apply(mlp.up_proj, x)
         return hidden + _apply(mlp.down_proj, F.silu(gate) * up)
 
-    def block_input(self, anchors: torch.Tensor) -> torch.Tensor:
-        """``[M]`` anchor tokens → ``[M, K, d]`` block inputs (anchor, then mask tokens)."""
-        k = self.config.block_size
+    def block_input(self, anchors: torch.Tensor, width: int | None = None) -> torch.Tensor:
+        """``[M]`` anchor tokens → ``[M, K, d]`` block inputs (anchor, then mask tokens); the
+        first ``width`` positions of the block only, if given."""
+        k = self.config.block_size if width is None else width
         first = self.embed(anchors).unsqueeze(1)
         masks = self.mask_embedding.to(first.dtype).expand(anchors.shape[0], k - 1, -1)
         return torch.cat([first, masks], dim=1)
