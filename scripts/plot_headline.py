@@ -282,6 +282,10 @@ PANELS = [
             ("s44 c16", "cpu_session44_c16_ad6a479_r6"),
             ("s44 c16", "cpu_session44_c16_ad6a479_w12"),
             ("s44 c16", "cpu_session44_c16_ad6a479_steplog"),
+            ("s44 cut", "cpu_session44_draft_block/c1c4"),
+            ("s44 cut c16", "cpu_session44_draft_block/c16"),
+            ("s44 4c9508a", "cpu_session44_mainjob_4c9508a"),
+            ("s44 4c9508a c16", "cpu_session44_c16_4c9508a_w12"),
         ],
     ),
 ]
