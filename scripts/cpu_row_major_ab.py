@@ -1,5 +1,5 @@
 """Paired, in one process: one SmolLM2 forward (plus the sampler's argmax) at a few rows,
-with ``dspark.models.llama.linear``'s transposed results left column-major (as before
+with ``dspark.ops.linear.linear``'s transposed results left column-major (as before
 4a70bd4: ``ROW_MAJOR_MAX_ROWS`` 0) and as now, alternating 15 times per shape.
 
     PYTHONPATH=src python scripts/cpu_row_major_ab.py
@@ -10,10 +10,10 @@ import time
 import numpy as np
 import torch
 
-import dspark.models.llama as llama
 from dspark.engine.engine import EngineConfig, LLMEngine
 from dspark.engine.kv_cache import BlockTable
 from dspark.models.loader import load_model
+from dspark.ops import linear as llama  # the small-row products, once in models/llama.py
 
 
 def main() -> None:

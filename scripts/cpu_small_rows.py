@@ -1,5 +1,5 @@
 """Milliseconds per product with a few rows on this CPU: ``F.linear`` against
-``weight @ x.T`` (what ``dspark.models.llama.linear`` chooses between for 1-64 rows; one
+``weight @ x.T`` (two of what ``dspark.ops.linear.linear`` chooses between for 1-64 rows; one
 row runs as itself twice through ``weight @ x.T``, as ``linear`` does).
 
 Two tables. First, SmolLM2's LM head (49,152 x 576) and fused gate/up projection

@@ -72,6 +72,12 @@ def test_profile_round_trip(tmp_path, tiny):
     assert not profile.matches(engine)
     tune_small_rows(tiny.model.linear_weights())  # the plan measured before, kept per model
     assert profile.matches(engine)
+    # A drafter whose block pass is cut to each depth drafts at other prices.
+    assert not profile.block_cut
+    engine.drafter.block_cut = True
+    assert not profile.matches(engine)
+    engine.drafter.block_cut = False
+    assert profile.matches(engine)
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     with pytest.raises(ValueError, match="cannot read the engine profile"):

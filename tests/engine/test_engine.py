@@ -86,27 +86,40 @@ def test_greedy_speculation_equals_plain_greedy_on_a_random_model(tiny, spec):
 
 
 def test_the_drafter_products_follow_a_plan_measured_on_its_own_weights(tmp_path):
-    """On the CPU the drafter's weights are tuned after the target's: its own shapes get
-    a plan, the shapes it shares with the target keep the target's."""
-    from dspark.ops.linear import forget_small_rows, row_plan
+    """On the CPU the drafter's weights are tuned after the target's: its own shapes
+    follow the plan timed on its weights, the shapes it shares with the target keep the
+    plan timed on the target's."""
+    from dspark.ops import linear as ops
     from tests.models.test_drafter import random_drafter
 
     target = make_tiny_model(tmp_path / "t", num_hidden_layers=2)
     drafter = random_drafter(target, block_size=3)
     _, engine = run(target, [[1, 2, 3]], spec="fixed", num_drafts=2, drafter_model=drafter)
     weights = engine.drafter.linear_weights()
-    target_shapes = {tuple(w.shape) for w in target.model.linear_weights()}
+    target_weights = target.model.linear_weights()
+
+    def key_of(weight_set):  # as tune_small_rows keys its plans
+        shapes = tuple(tuple(w.shape) for w in weight_set)
+        return shapes, weight_set[0].dtype, torch.get_num_threads()
+
+    def plan_of(weight_set):
+        return ops._TUNED[key_of(weight_set)]
+
+    target_shapes = {tuple(w.shape) for w in target_weights}
+    own = [w for w in weights if tuple(w.shape) not in target_shapes]
+    shared = [w for w in weights if tuple(w.shape) in target_shapes]
     try:
-        for w in weights:
-            plan = row_plan(tuple(w.shape))
-            assert plan is not None
-            if tuple(w.shape) in target_shapes:
-                assert plan is row_plan(tuple(target.model.lm_head.weight.shape))
-        assert any(tuple(w.shape) not in target_shapes for w in weights)
+        assert own and shared  # both kinds of shape are met
+        for w in own:
+            assert ops.row_plan(tuple(w.shape)) is plan_of(weights)
+        for w in shared:
+            assert ops.row_plan(tuple(w.shape)) is plan_of(target_weights)
         head = engine.drafter.head_weight  # None: drafting from the whole vocabulary
         assert weights[-1] is (target.model.lm_head.weight if head is None else head)
     finally:
-        forget_small_rows(weights)
+        ops.forget_small_rows(weights)
+        for weight_set in (weights, target_weights):
+            ops._TUNED.pop(key_of(weight_set), None)
 
 
 @pytest.mark.parametrize(

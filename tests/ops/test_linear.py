@@ -154,7 +154,7 @@ def test_tune_small_rows_times_every_path_and_follows_the_fastest(monkeypatch):
         assert plan[13:49] == tuple((PACKED, n) for n in range(13, 49))
         assert plan[49:65] == tuple((FLAT, n) for n in range(49, 65))
         assert ops.row_plan((40, 24)) == plan
-        assert weights[0]._dspark_packed is not None  # packed once, kept for the run
+        assert ops.is_packed(weights[0])  # packed once, kept for the run
 
         seen = {path: [] for path in PATHS}
         mm, f_linear, packed = torch.mm, F.linear, ops.packed_product
@@ -187,7 +187,7 @@ def test_tune_small_rows_times_every_path_and_follows_the_fastest(monkeypatch):
 
         ops.forget_small_rows(weights)  # back to weight @ x.T for 2 ... 16 rows
         assert ops.row_plan((24, 40)) is None
-        assert all(w._dspark_packed is None for w in weights)
+        assert not any(ops.is_packed(w) for w in weights)
         for path in PATHS:
             seen[path].clear()
         for rows in (1, 2, 16, 17):
@@ -209,7 +209,7 @@ def test_tune_small_rows_without_packing_times_two_products(monkeypatch):
         assert all(path != PACKED for path, _ in plan[1:])
         assert plan[13:33] == tuple((TRANSPOSED, n) for n in range(13, 33))
         assert plan[33:49] == ((FLAT, 64),) * 16  # 48 pads to 64: 2.5 against 3.4
-        assert getattr(weights[0], "_dspark_packed", None) is None
+        assert not ops.is_packed(weights[0])
     finally:
         _forget(weights)
 
@@ -231,7 +231,7 @@ def test_packed_copy_follows_the_weight():
     try:
         ops.tune_small_rows(weights, clock=clock)
         assert all(path == FLAT for path, _ in ops.row_plan((36, 40))[1:])
-        assert all(w._dspark_packed is None for w in weights)
+        assert not any(ops.is_packed(w) for w in weights)
     finally:
         _forget(weights)
 
@@ -300,17 +300,41 @@ def test_rows_past_the_plan_follow_its_last_count(monkeypatch, plan_for):
 
 
 def test_a_second_weight_set_keeps_the_plans_of_shapes_it_shares():
-    """A drafter tuned after its target (``keep_planned``): the shape they share keeps the
-    target's plan, its own shapes take its own."""
+    """A drafter tuned after its target (``keep_shapes``): the shape they share keeps the
+    target's plan, its own shapes take its own, and the packed copies its plan never
+    takes are freed (the shared weight's too, its kept plan not packing)."""
+    paths = 3 if ops.packing_available() else 2
     target = [torch.randn(44, 40), torch.randn(40, 44)]
     drafter = [torch.randn(44, 40), torch.randn(52, 40)]
-    slow_flat = _scripted_clock(lambda rows: [9.0, 1.0 + rows / 20, 9.0], 3)[0]
-    fast_flat = _scripted_clock(lambda rows: [1.0 + rows / 20, 9.0, 9.0], 3)[0]
+    slow_flat = _scripted_clock(lambda rows: [9.0, 1.0 + rows / 20, 9.0], paths)[0]
+    fast_flat = _scripted_clock(lambda rows: [1.0 + rows / 20, 9.0, 9.0], paths)[0]
     try:
         ops.tune_small_rows(target, clock=slow_flat)
-        ops.tune_small_rows(drafter, clock=fast_flat, keep_planned=True)
+        ops.tune_small_rows(drafter, clock=fast_flat, keep_shapes=frozenset({(44, 40)}))
         assert ops.row_plan((44, 40))[5] == (TRANSPOSED, 5)  # the target's
         assert ops.row_plan((52, 40))[5] == (FLAT, 5)  # the drafter's own
+        assert not any(ops.is_packed(w) for w in target + drafter)
+        # Not kept: the second set's plan takes the shape.
+        ops.tune_small_rows(drafter, clock=fast_flat)
+        assert ops.row_plan((44, 40))[5] == (FLAT, 5)
     finally:
         _forget(target)
         _forget(drafter)
+
+
+def test_a_weight_oneDNN_cannot_pack_runs_as_f_linear_and_copies_cleanly():
+    """A dtype this CPU's oneDNN may not pack (float16) falls back to F.linear rather than
+    failing, and a packed weight still deep-copies (the copy is kept beside it, not on
+    it)."""
+    import copy
+
+    gen = torch.Generator().manual_seed(9)
+    half = torch.randn(96, 40, generator=gen).half()
+    x = torch.randn(4, 40, generator=gen).half()
+    out = ops.packed_product(x, half)
+    assert ops.is_packed(half) == (ops.packed_weight(half) is not None)
+    torch.testing.assert_close(out.float(), F.linear(x.float(), half.float()), atol=0.1, rtol=0.01)
+    weight = torch.randn(96, 40, generator=gen)
+    ops.packed_product(torch.randn(4, 40, generator=gen), weight)
+    twin = copy.deepcopy(weight)
+    assert torch.equal(twin, weight) and not ops.is_packed(twin)

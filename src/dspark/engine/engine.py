@@ -631,10 +631,11 @@ class LLMEngine:
             proposer = getattr(self.drafter, "inner", self.drafter)  # a replay's own drafter
             if hasattr(proposer, "block_cut"):
                 proposer.block_cut = block == "cut"
-            drafter_weights = getattr(self.drafter, "linear_weights", None)
+            drafter_weights = getattr(proposer, "linear_weights", None)
             if self.device.type == "cpu" and drafter_weights is not None:
                 if config.small_rows == "tune":  # the shapes it shares keep the target's plan
-                    tune_small_rows(drafter_weights(), keep_planned=True)
+                    shared = {tuple(w.shape) for w in weights_of()} if weights_of else set()
+                    tune_small_rows(drafter_weights(), keep_shapes=frozenset(shared))
                 else:
                     forget_small_rows(drafter_weights())
         # Every padded-step runner (target, drafter, a replayed drafter's inner one): a

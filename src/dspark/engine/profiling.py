@@ -49,7 +49,8 @@ EAGER_CAPTURE_SIZES = [1]
 # key row of attention costs (``key_row_ms``); 8: CPU products may pad their rows to a
 # larger count measured faster (the small-row plan holds row counts, no longer switches);
 # 9: the plan names each count's product (``dspark.ops.linear.PATHS``: oneDNN's packed
-# product joined ``F.linear`` and ``weight @ x.T``).
+# product joined ``F.linear`` and ``weight @ x.T``), and whether the drafter's block pass
+# was cut to each depth (``block_cut``).
 PROFILE_FORMAT = 9
 
 EAGER_SMALL_SIZES = 8
@@ -89,6 +90,9 @@ class EngineProfile:
     # a full batch of decodes timed over cached contexts of two lengths, the difference
     # over the rows it added (``measure_key_rows``; 0 where the cache holds no second).
     key_row_ms: float = 0.0
+    # Whether the drafter's block pass was cut to each depth (``EngineConfig.draft_block``):
+    # the drafter's times were measured so.
+    block_cut: bool = False
 
     @property
     def tables(self) -> CostTables:
@@ -144,6 +148,7 @@ class EngineProfile:
             and self.cudagraph_limit == captured_sizes(engine)[-1]
             and self.num_drafts == (config.num_drafts if engine.drafter is not None else 0)
             and self.row_plan == current_row_plan(engine)
+            and self.block_cut == drafts_cut_blocks(engine)
         )
 
 
@@ -210,6 +215,7 @@ def profile_engine(
         depth_samples,
         current_row_plan(engine),
         key_row_ms,
+        drafts_cut_blocks(engine),
     )
     if path is not None:
         profile.save(Path(path))
@@ -251,7 +257,13 @@ def _fitted(curve: list[tuple[int, float]], fit: str) -> list[tuple[int, float]]
     return monotone_curve(curve) if fit == "isotonic" else curve
 
 
-def current_row_plan(engine: LLMEngine) -> list[int] | None:
+def drafts_cut_blocks(engine: LLMEngine) -> bool:
+    """Whether the engine's DSpark drafter (a replay's own) cuts its block pass."""
+    proposer = getattr(engine.drafter, "inner", engine.drafter)
+    return bool(getattr(proposer, "block_cut", False))
+
+
+def current_row_plan(engine: LLMEngine) -> list[list | None] | None:
     """The small-row plan the engine's LM head products run under (None: none, e.g. on
     CUDA or before tuning)."""
     head = getattr(engine.model, "lm_head", None)

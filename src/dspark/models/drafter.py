@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark.models.config import ModelConfig
-from dspark.models.llama import DecoderLayer, LlamaModel, RMSNorm, Rotary, linear
+from dspark.models.llama import DecoderLayer, LlamaModel, RMSNorm, Rotary
+from dspark.ops.linear import linear
 
 CONFIG_FILE = "drafter.json"
 WEIGHTS_FILE = "drafter.safetensors"

@@ -17,6 +17,7 @@ zeros to a count that runs faster and dropped after.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -36,7 +37,8 @@ TUNED_ROWS = (*range(1, 17), 24, 32, 48, 64)
 """The row counts ``tune_small_rows`` times (every count a verify step of up to 16 tokens
 can have, then a few larger ones); a count between two takes the choice of the next one
 timed, and more than the last runs as the last does, over its own rows (a prompt chunk;
-session 44, SmolLM2's weights: packed 0.70-0.81x ``F.linear``'s time at 112-512 rows)."""
+session 44, SmolLM2's weights at 112-512 rows: packed 0.70-0.81x ``F.linear``'s time,
+``weight @ x.T`` 0.88-0.94x)."""
 
 PAD_GAIN = 0.9
 PAD_MULTIPLE = 4
@@ -76,31 +78,50 @@ def packing_available() -> bool:
     )
 
 
-def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` in oneDNN's blocked layout, packed on first use and kept on the tensor
-    itself (so it lives as long as the weight does); packed again when the weight's
-    storage or version changed (loaded or trained in place since)."""
+_PACKED: dict[int, tuple[tuple[int, int], torch.Tensor | None]] = {}
+"""Per weight (by ``id``, dropped when the weight is freed): the (data pointer, version)
+it was packed at and its packed copy (None: oneDNN could not pack it)."""
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` in oneDNN's blocked layout, packed on first use and kept while the weight
+    lives; packed again when its storage or version counter changed (moved, loaded, or
+    changed in place by an op autograd counts: ``w.data.copy_`` is not seen). None where
+    oneDNN cannot pack it (its dtype on this CPU)."""
     stamp = (weight.data_ptr(), _version(weight))
-    kept = getattr(weight, "_dspark_packed", None)
+    kept = _PACKED.get(id(weight))
     if kept is None or kept[0] != stamp:
-        with torch.no_grad():
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
-        kept = (stamp, packed)
-        weight._dspark_packed = kept
+        if kept is None:
+            weakref.finalize(weight, _PACKED.pop, id(weight), None)
+        try:
+            with torch.no_grad():
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+        except RuntimeError:
+            packed = None
+        kept = _PACKED[id(weight)] = (stamp, packed)
     return kept[1]
 
 
 def packed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight)`` for a contiguous 2-D ``x``, by oneDNN over the packed
-    copy of ``weight``."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed_weight(weight), None, "none", [], "")
+    copy of ``weight`` (``F.linear`` itself where it has none)."""
+    packed = packed_weight(weight)
+    if packed is None:
+        return F.linear(x, weight)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def is_packed(weight: torch.Tensor) -> bool:
+    """Whether a packed copy of ``weight`` is kept."""
+    kept = _PACKED.get(id(weight))
+    return kept is not None and kept[1] is not None
 
 
 def drop_packed(weights: Sequence[torch.Tensor]) -> None:
     """Free the packed copies of ``weights`` (a plan that never takes them)."""
     for w in weights:
-        if getattr(w, "_dspark_packed", None) is not None:
-            w._dspark_packed = None
+        if id(w) in _PACKED:
+            _PACKED[id(w)] = ((-1, -1), None)  # packed again if a plan asks
 
 
 def _version(t: torch.Tensor) -> int:
@@ -152,7 +173,7 @@ def tune_small_rows(
     weights: Sequence[torch.Tensor],
     repeats: int = 2,
     clock=time.perf_counter,
-    keep_planned: bool = False,
+    keep_shapes: frozenset = frozenset(),
 ) -> frozenset[int]:
     """Measure, for each row count of ``TUNED_ROWS``, how fast each product of ``PATHS``
     (the packed one where ``packing_available``) runs over ``weights`` on this CPU, and
@@ -168,8 +189,9 @@ def tune_small_rows(
     kept per weight set (shapes, dtype and thread count), so a second engine on the same
     model does not measure again. CUDA weights, or none, leave everything as it is.
 
-    ``keep_planned``: shapes that already have a plan keep it (a drafter tuned after its
-    target leaves the shapes they share to the target's timing)."""
+    ``keep_shapes``: shapes whose plan is left as it is (a drafter tuned after its
+    target leaves the shapes they share to the target's timing). Packed copies a weight's
+    plan never takes are freed."""
     weights = [w for w in weights if w.dim() == 2 and w.device.type == "cpu"]
     if not weights:
         return frozenset()
@@ -178,23 +200,24 @@ def tune_small_rows(
         _TUNED[key] = _measured_plan(weights, repeats, clock)
     plan = _TUNED[key]
     for w in weights:
-        if not (keep_planned and tuple(w.shape) in _ROW_PLAN):
+        if tuple(w.shape) not in keep_shapes:
             _ROW_PLAN[tuple(w.shape)] = plan
-    if all(path != PACKED for path, _ in plan[1:]):
-        drop_packed([w for w in weights if _ROW_PLAN[tuple(w.shape)] is plan])
+    follows = [_ROW_PLAN.get(tuple(w.shape)) for w in weights]
+    drop_packed([w for w, p in zip(weights, follows, strict=True) if p is None or not _packs(p)])
     return frozenset(rows for rows in TUNED_ROWS if plan[rows] == (FLAT, rows))
+
+
+def _packs(plan: tuple) -> bool:
+    return any(path == PACKED for path, _ in plan[1:])
 
 
 def _packable(weights: list[torch.Tensor]) -> bool:
     if not packing_available():
         return False
-    try:
-        for w in weights:
-            packed_weight(w)
-    except RuntimeError:  # a dtype or shape oneDNN does not pack
-        drop_packed(weights)
-        return False
-    return True
+    if all(packed_weight(w) is not None for w in weights):
+        return True
+    drop_packed(weights)  # a dtype oneDNN does not pack on this CPU
+    return False
 
 
 def _measured_plan(weights: list[torch.Tensor], repeats: int, clock) -> tuple:
