@@ -264,11 +264,11 @@ class EngineConfig:
     # drafts, as trained; "cut": the positions up to the step's deepest draft and one mask
     # token after it (``DSparkDrafter.block_cut``), so a shallow step pays a shallow pass.
     # The cut changes the drafts a little (the positions kept no longer attend to the mask
-    # tokens past the cut):
-    # SmolLM2's drafter at 16 requests on this CPU, acceptance length 1.435 cut against
-    # 1.438 full at K = 1, 1.661 against 1.664 at K = 3, while its pass took 6.8 ms cut
-    # against 12.4 at K = 1 (session 44). Lossless either way. "auto" (the default): cut
-    # on the CPU, where the pass's rows cost compute; full on CUDA (not measured there).
+    # tokens past the cut): SmolLM2's drafter at 16 requests on this CPU, acceptance
+    # length 1.435 cut against 1.438 full at K = 1, 1.661 against 1.664 at K = 3, while
+    # its pass took 6.8 ms cut against 12.4 at K = 1 (session 44). Lossless either way.
+    # "auto" (the default): cut on the CPU, where the pass's rows cost compute; full on
+    # CUDA (not measured there).
     draft_block: str = "auto"
 
     def __post_init__(self) -> None:
