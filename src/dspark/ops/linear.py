@@ -135,10 +135,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear``, except for a few dozen rows on the CPU: there the product and row
     count ``tune_small_rows`` measured fastest for this weight's shape (the rows padded
     with zeros where that count ran faster), or, for a shape not measured, ``weight @
-    x.T`` for 2 ... SKINNY_ROWS rows. One row the plan sends through ``weight @ x.T``
-    or the packed product runs as two (a matrix-vector product is this machine's slower kernel, and
-    oneDNN's rows then match those of every larger count bit for bit). Where autograd
-    records, the packed product (which it cannot differentiate) gives way to ``F.linear``."""
+    x.T`` for 2 ... SKINNY_ROWS rows. One row the plan sends through ``weight @ x.T`` or
+    the packed product runs as two (a matrix-vector product is this machine's slower
+    kernel, and oneDNN's rows then match those of every larger count bit for bit). Where
+    autograd records, the packed product (which it cannot differentiate) gives way to
+    ``F.linear``."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if x.device.type != "cpu" or rows == 0:
         return F.linear(x, weight, bias)
