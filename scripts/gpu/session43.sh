@@ -14,6 +14,9 @@
 #   bash scripts/gpu/session43.sh b8lo  # the same at 1, 4 (K = 7) and 64 (K = 5, 7)
 #   bash scripts/gpu/session43.sh mid   # 16 (K = 3, 4, adaptive, pl; 3 windows), then 1
 #                                       # again (4 windows)
+# VARIANT replaces the variant beside plain adaptive (default pl:settle=off), e.g. the
+# drafter's block cut to each depth, not yet run on a GPU (session 44):
+#   VARIANT=cut:draft_block=cut bash scripts/gpu/session43.sh b8
 set +e +o pipefail
 case "$1" in  # SmolLM2's calls join the staged GGUF; the 8B shape needs none
   lo|hi|mid)
@@ -24,7 +27,7 @@ esac
 one() {  # TAG LEVELS FIXED REPEATS LIMIT [more bench args]
   local tag=$1 levels=$2 fixed=$3 repeats=$4 limit=$5; shift 5
   bench "$limit" "$tag" 16 128 "$repeats" --fixed $fixed --concurrency $levels \
-    --slice-ms 200 --window-s 4 --step-log --variant pl:settle=off "$@"
+    --slice-ms 200 --window-s 4 --step-log --variant "${VARIANT:-pl:settle=off}" "$@"
   rm -f "$OUT"/*/*profile*.json
   if [ -f "$OUT/$tag/steps.json" ]; then
     python3 scripts/step_log.py "$OUT/$tag/steps.json" K=4 > "$OUT/$tag/step_log.txt" 2>&1
@@ -32,7 +35,7 @@ one() {  # TAG LEVELS FIXED REPEATS LIMIT [more bench args]
   fi
 }
 b8() {  # TAG LEVEL FIXED REQUESTS REPEATS SLICE LIMIT: the 8B shape, acceptance REPLAYED
-  TAG=$1 LEVEL=$2 FIXED="$3" REQUESTS=$4 REPEATS=$5 VARIANTS="pl:settle=off" \
+  TAG=$1 LEVEL=$2 FIXED="$3" REQUESTS=$4 REPEATS=$5 VARIANTS="${VARIANT:-pl:settle=off}" \
     BASELINE="--no-baseline --slice-ms $6 --window-s 3 --step-log" LIMIT=$7 \
     bash scripts/gpu/session34.sh
   [ -f "$OUT/b8_$1/steps.json" ] && gzip -f "$OUT/b8_$1/steps.json"
