@@ -287,6 +287,7 @@ PANELS = [
             ("s44 4c9508a", "cpu_session44_mainjob_4c9508a"),
             ("s44 4c9508a c16", "cpu_session44_c16_4c9508a_w12"),
             ("s44 e435283", "cpu_session44_mainjob_e435283"),
+            ("s44 3312b19", "cpu_session44_mainjob_3312b19"),
         ],
     ),
 ]
