@@ -4,7 +4,7 @@ priced by depth), the throughput gate's ``should_draft``/``should_probe`` (why i
 as it did: unmeasured bucket, upper bound, exploration, probe, overrule), the cost model's
 learning and the engine's steps. One JSON line per adaptive step to
 ``OUTDIR.decisions.jsonl``; ``scripts/cpu_gate_trace_summary.py`` sums the losses by
-mechanism. A diagnostic: it wraps private methods and replicates ``should_draft``'s logic,
+mechanism. A diagnostic: it wraps private methods and reads the gate's private ``_leader``,
 so it follows the code of session 43 (c5f0fa2483eaf531).
 
     PYTHONPATH=src .venv/bin/python scripts/cpu_gate_trace.py OUTDIR [more bench args]
@@ -111,15 +111,7 @@ def classify_draft(gate, num_reqs, mixed):
     info["ucb"] = [f(b) for b in bound]
     info["rates"] = [f(judged.rate_and_error(a)[0]) for a in (DRAFTED, UNDRAFTED)]
     info["errs"] = [f(judged.rate_and_error(a)[1]) for a in (DRAFTED, UNDRAFTED)]
-    best = DRAFTED if bound[DRAFTED] >= bound[UNDRAFTED] else UNDRAFTED
-    every = gate.explore_every
-    from dspark.scheduling.gate import ALONE_SPEEDUP, EXPLORE_SHARE, UNDRAFTED_BACKOFF
-
-    if best == DRAFTED and bound[DRAFTED] > bound[UNDRAFTED]:
-        give_up = 1.0 - bound[UNDRAFTED] / bound[DRAFTED]
-        every = int(min(max(every, give_up / EXPLORE_SHARE), every * UNDRAFTED_BACKOFF))
-    elif best == UNDRAFTED and state.smallest == 1:
-        every = max(2, every // ALONE_SPEEDUP)
+    best, every = gate._leader(state, judged)  # the gate's own rule, not a copy
     info["every"] = every
     if since >= every:
         info["reason"] = "explore"
@@ -198,30 +190,8 @@ ObservedDraftCost.record = record
 orig_record_step = ObservedDraftCost.record_step
 
 
-def record_step(
-    self,
-    num_reqs,
-    num_tokens,
-    num_drafts,
-    depth,
-    wall_ms,
-    context_tokens=0,
-    forward_ms=None,
-    padded_tokens=0,
-    key_rows=None,
-):
-    out = orig_record_step(
-        self,
-        num_reqs,
-        num_tokens,
-        num_drafts,
-        depth,
-        wall_ms,
-        context_tokens,
-        forward_ms,
-        padded_tokens,
-        key_rows,
-    )
+def record_step(self, num_reqs, num_tokens, num_drafts, depth, wall_ms, *rest, **named):
+    out = orig_record_step(self, num_reqs, num_tokens, num_drafts, depth, wall_ms, *rest, **named)
     key = (int(num_reqs).bit_length(), depth == 0)
     missed = self._missed[key][-1][1]
     CUR["recorded_step"] = dict(

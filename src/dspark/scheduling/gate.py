@@ -403,6 +403,17 @@ class ThroughputGate:
             for arm in (DRAFTED, UNDRAFTED):
                 if len(state.samples[arm]) < self.min_steps:
                     return arm == DRAFTED
+        best, every = self._leader(state, judged)
+        # Counted from the last exploration, not by the decision's number: ``every``
+        # moves with the bounds, and a moving modulus would explore at random intervals.
+        if state.since_explored >= every:
+            state.since_explored = 0
+            best = 1 - best  # keep the other arm's figure current
+        return best == DRAFTED
+
+    def _leader(self, state: _Bucket, judged: _Bucket) -> tuple[int, int]:
+        """The arm whose upper bound leads in ``judged``'s figures, and every how many
+        decisions ``state`` explores the other."""
         confidence = self._confidence(state)
         bound = [judged.upper_bound(arm, confidence) for arm in (DRAFTED, UNDRAFTED)]
         best = DRAFTED if bound[DRAFTED] >= bound[UNDRAFTED] else UNDRAFTED
@@ -413,12 +424,7 @@ class ThroughputGate:
             every = int(min(max(every, give_up / EXPLORE_SHARE), every * UNDRAFTED_BACKOFF))
         elif best == UNDRAFTED and state.smallest == 1:
             every = max(2, every // ALONE_SPEEDUP)  # one request's drafts: re-measured sooner
-        # Counted from the last exploration, not by the decision's number: ``every``
-        # moves with the bounds, and a moving modulus would explore at random intervals.
-        if state.since_explored >= every:
-            state.since_explored = 0
-            best = 1 - best  # keep the other arm's figure current
-        return best == DRAFTED
+        return best, every
 
     def _confidence(self, state: _Bucket) -> float:
         """Standard errors of the bounds a bucket's veto decisions use (``ALONE_CONFIDENCE``)."""
