@@ -78,6 +78,12 @@ def test_profile_round_trip(tmp_path, tiny):
     assert not profile.matches(engine)
     engine.drafter.block_cut = False
     assert profile.matches(engine)
+    # Attention read in place (KV regions, on by default on the CPU) costs otherwise.
+    assert profile.kv_regions and engine.kv_regions == 4
+    engine.kv_regions = 0
+    assert not profile.matches(engine)
+    engine.kv_regions = 4
+    assert profile.matches(engine)
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     with pytest.raises(ValueError, match="cannot read the engine profile"):

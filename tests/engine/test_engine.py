@@ -168,6 +168,48 @@ def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(
     assert (shared > 0) == (lookahead == "on")
 
 
+@pytest.mark.parametrize("regions", ["on", "off"])
+def test_kv_regions_read_attention_in_place_and_change_no_token(tmp_path, monkeypatch, regions):
+    """``EngineConfig.kv_regions``: the target's and the drafter's caches give each slot
+    a region, batches of decodes read their keys in place (counted), and greedy
+    speculation still equals plain greedy; "off" gathers every batch."""
+    from dspark.engine.drafter import DSparkDrafter
+    from dspark.engine.kv_cache import PagedKVCache
+    from tests.models.test_drafter import random_drafter
+
+    in_place = {"target": 0, "drafter": 0}
+    build = PagedKVCache.attention_batch
+
+    def counted(self, tables, num_cached, num_query, causal=True):
+        batch = build(self, tables, num_cached, num_query, causal)
+        in_place["target" if causal else "drafter"] += sum(g.read_stride > 0 for g in batch.groups)
+        return batch
+
+    monkeypatch.setattr(PagedKVCache, "attention_batch", counted)
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    prompts = repetitive_prompts(10)
+    plain, _ = run(target, prompts, kv_regions="off")
+    engine = LLMEngine(
+        target,
+        EngineConfig(spec="adaptive", num_drafts=3, max_num_seqs=4, kv_regions=regions),
+        drafter=DSparkDrafter(
+            random_drafter(target, block_size=5), 16384, 16, regions=4 * (regions == "on")
+        ),
+    )
+    requests = [engine.add_request(p, GREEDY) for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    assert [r.output_ids for r in requests] == [o.token_ids for o in plain]
+    assert engine.stats.num_verified > engine.stats.num_decode_rounds
+    assert engine.kv_regions == (4 if regions == "on" else 0)
+    if regions == "on":
+        assert in_place["target"] > 20 and in_place["drafter"] > 5
+    else:
+        assert in_place == {"target": 0, "drafter": 0}
+    with pytest.raises(ValueError, match="kv_regions must be 'auto', 'on' or 'off'"):
+        EngineConfig(kv_regions="maybe")
+
+
 def test_greedy_speculation_with_cuts_left_unmade_equals_plain_greedy(tmp_path, monkeypatch):
     """``EngineConfig.cheap_cuts``: a step that verifies all its drafts where its budget
     would cut them (here every such step: ``_cut_is_dear`` forced) stays lossless."""

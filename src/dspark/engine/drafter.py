@@ -61,11 +61,13 @@ class DSparkDrafter:
         use_draft_vocab: bool = True,
         graphs: tuple[int, int] | None = None,
         head_graphs: bool = True,
+        regions: int = 0,
     ) -> None:
         """``graphs``: ``(max_num_seqs, max_model_len)`` to run the block pass and the
         context updates as padded steps (``dspark.engine.graphs``; captured as CUDA
         graphs on a GPU), and with ``head_graphs`` the heads too (``DraftHeads``);
-        None: eager."""
+        None: eager. ``regions``: the context cache's regions, one per sequence slot
+        (``dspark.engine.kv_cache``; 0: none)."""
         self.model = model
         self.num_positions = model.config.block_size
         self.capture_layers = model.config.capture_layers
@@ -83,6 +85,7 @@ class DSparkDrafter:
             block_size,
             param.dtype,
             param.device,
+            regions=regions,
         )
         self.tables: dict[str, BlockTable] = {}
         self.lengths: dict[str, int] = {}  # context positions cached per request
@@ -141,7 +144,7 @@ class DSparkDrafter:
         rows, positions = [], []
         keep = []
         for request, start, count in zip(requests, starts, counts, strict=True):
-            table = self.tables.setdefault(request.request_id, BlockTable())
+            table = self._table(request)
             known = self.lengths.get(request.request_id, 0)
             # Room for the context and for the block that will follow it.
             if start > known or not self.cache.reserve(table, start + count + self.num_positions):
@@ -326,10 +329,17 @@ class DSparkDrafter:
     def prepare_dummy(self, request: Request) -> None:
         """Make ``request`` look fully observed (its cache rows hold whatever is there),
         so that start-up profiling times a real block pass."""
-        table = self.tables.setdefault(request.request_id, BlockTable())
+        table = self._table(request)
         if not self.cache.reserve(table, request.num_tokens + self.num_positions):
             raise ValueError("the drafter's cache is too small to profile; lower max_num_seqs")
         self.lengths[request.request_id] = request.num_tokens - 1
+
+    def _table(self, request: Request) -> BlockTable:
+        """The request's block table, created in its slot's region (``regions``)."""
+        table = self.tables.get(request.request_id)
+        if table is None:
+            table = self.tables[request.request_id] = BlockTable(region=request.slot)
+        return table
 
     def on_verified(self, request: Request, num_accepted: int) -> None:
         pass  # the engine's observe() call carries the kept positions

@@ -50,8 +50,9 @@ EAGER_CAPTURE_SIZES = [1]
 # larger count measured faster (the small-row plan holds row counts, no longer switches);
 # 9: the plan names each count's product (``dspark.ops.linear.PATHS``: oneDNN's packed
 # product joined ``F.linear`` and ``weight @ x.T``), and whether the drafter's block pass
-# was cut to each depth (``block_cut``).
-PROFILE_FORMAT = 9
+# was cut to each depth (``block_cut``); 10: whether the KV caches read requests in their
+# regions (``kv_regions``, ``dspark.engine.kv_cache``): attention costs another price.
+PROFILE_FORMAT = 10
 
 EAGER_SMALL_SIZES = 8
 """Eager steps are profiled at every token count 1 ... EAGER_SMALL_SIZES besides the
@@ -93,6 +94,9 @@ class EngineProfile:
     # Whether the drafter's block pass was cut to each depth (``EngineConfig.draft_block``):
     # the drafter's times were measured so.
     block_cut: bool = False
+    # Whether the engine's KV caches had regions (``EngineConfig.kv_regions``): attention
+    # read the cached rows of a batch in place rather than gathered.
+    kv_regions: bool = False
 
     @property
     def tables(self) -> CostTables:
@@ -149,6 +153,7 @@ class EngineProfile:
             and self.num_drafts == (config.num_drafts if engine.drafter is not None else 0)
             and self.row_plan == current_row_plan(engine)
             and self.block_cut == drafts_cut_blocks(engine)
+            and self.kv_regions == bool(engine.kv_regions)
         )
 
 
@@ -216,6 +221,7 @@ def profile_engine(
         current_row_plan(engine),
         key_row_ms,
         drafts_cut_blocks(engine),
+        bool(engine.kv_regions),
     )
     if path is not None:
         profile.save(Path(path))
@@ -292,7 +298,8 @@ def _dummy_step(
     """One dummy verify step (ms) and the drafter's proposal over the same requests at
     each drafting depth in ``depths`` (ms by depth)."""
     cache = engine.cache
-    tables = [BlockTable() for _ in query]
+    # Slot i's region for request i (``dspark.engine.kv_cache``), as running requests'.
+    tables = [BlockTable(region=i) for i in range(len(query))]
     try:
         for table, q in zip(tables, query, strict=True):
             if not cache.reserve(table, context + int(q)):
@@ -313,8 +320,11 @@ def _dummy_step(
                 # Greedy: sampling requests add per-request work in the drafter that a
                 # greedy workload never pays (SamplingParams() samples at temperature 1).
                 Request(f"profile-{i}", ids.tolist(), SamplingParams(temperature=0.0), 0.0)
-                for i, ids in enumerate(rng.integers(0, vocab, (len(query), context)))
+                # (at least one token: the anchor; a size filling the model's length leaves none)
+                for i, ids in enumerate(rng.integers(0, vocab, (len(query), max(context, 1))))
             ]
+            for i, dummy in enumerate(dummies):
+                dummy.slot = i  # its drafter rows in the slot's region, as the table's
             prepare = getattr(engine.drafter, "prepare_dummy", None)
             try:
                 for dummy in dummies:  # a drafter with a context cache: pretend it is full

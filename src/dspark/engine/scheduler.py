@@ -87,6 +87,7 @@ class Scheduler:
         while self.waiting and budget > 0 and self.free_slots:
             request = self.waiting[0]
             num_tokens = min(request.num_tokens - request.num_computed, budget)
+            request.table.region = self.free_slots[-1]  # its blocks come from its slot's run
             if not self.cache.reserve(request.table, request.num_computed + num_tokens):
                 break
             self.waiting.popleft()

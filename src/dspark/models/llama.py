@@ -31,12 +31,16 @@ class AttentionGroup:
     sequence.
     """
 
-    read_index: torch.Tensor | None  # [R, max_len]; None: one request, rows read_start...
+    read_index: torch.Tensor | None  # [R, max_len]; None: a view from read_start (below)
     mask: torch.Tensor  # [R, 1, max_query, max_len] bool, True = attend
     query_index: torch.Tensor  # [R, max_query]
     valid_rows: torch.Tensor  # [num valid queries] flat indices into [R · max_query]
     out_index: torch.Tensor  # [num valid queries]
-    read_start: int = 0  # a lone request whose cache rows are contiguous reads a view
+    # Without read_index: request r's rows start at read_start + r · read_stride (a lone
+    # request whose rows are consecutive; requests in their cache regions, kv_cache).
+    read_start: int = 0
+    read_stride: int = 0
+    in_order: bool = True  # out_index is 0, 1, 2, ...: the valid rows are in packed order
     _shared: tuple[int, torch.Tensor] | None = None  # shared_mask's cache
 
     def shared_mask(self, share: int) -> torch.Tensor:
@@ -50,10 +54,16 @@ class AttentionGroup:
         return self._shared[1]
 
     def cached(self, cache: torch.Tensor) -> torch.Tensor:
-        """``[R, max_len, kv_heads, D]`` keys or values of the group's requests."""
-        if self.read_index is None:
-            return cache[self.read_start : self.read_start + self.mask.shape[-1]].unsqueeze(0)
-        return cache[self.read_index]
+        """``[R, max_len, kv_heads, D]`` keys or values of the group's requests (a view of
+        the cache, or a gathered copy)."""
+        if self.read_index is not None:
+            return cache[self.read_index]
+        max_len = self.mask.shape[-1]
+        if not self.read_stride:
+            return cache[self.read_start : self.read_start + max_len].unsqueeze(0)
+        num_reqs, stride = self.mask.shape[0], self.read_stride
+        runs = cache[self.read_start : self.read_start + num_reqs * stride]
+        return runs.view(num_reqs, stride, *cache.shape[1:])[:, :max_len]
 
 
 @dataclass
@@ -176,7 +186,8 @@ def paged_attention(
     requests over its rows; ``[T, heads, D]`` in packed order."""
     k_cache.index_copy_(0, batch.write_index, k.to(k_cache.dtype))
     v_cache.index_copy_(0, batch.write_index, v.to(v_cache.dtype))
-    out = q if len(batch.groups) == 1 else torch.empty_like(q)
+    alone = len(batch.groups) == 1 and batch.groups[0].in_order  # no scatter needed
+    out = q if alone else torch.empty_like(q)
     num_heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     share = num_heads // kv_heads  # query heads per key/value head
     for group in batch.groups:
@@ -194,7 +205,7 @@ def paged_attention(
         attended = attended.view(num_reqs, kv_heads, share, max_query, head_dim)
         attended = attended.permute(0, 3, 1, 2, 4).reshape(-1, num_heads, head_dim)
         attended = attended.index_select(0, group.valid_rows)  # [valid, heads, D]
-        if len(batch.groups) == 1:
+        if alone:
             out = attended  # one group covers every token, already in packed order
         else:
             out[group.out_index] = attended
