@@ -288,6 +288,9 @@ PANELS = [
             ("s44 4c9508a c16", "cpu_session44_c16_4c9508a_w12"),
             ("s44 e435283", "cpu_session44_mainjob_e435283"),
             ("s44 3312b19", "cpu_session44_mainjob_3312b19"),
+            ("s45 322c81a", "cpu_session45_mainjob_322c81a"),
+            ("s45 322c81a c16", "cpu_session45_c16_322c81a"),
+            ("s45 322c81a c16", "cpu_session45_c16_settle_322c81a"),
         ],
     ),
 ]
