@@ -8,7 +8,7 @@ The weights are 30 layers of fused q/k/v, o, fused gate/up and down, then the LM
 the three products take turns, ``--rounds`` rounds; the table quotes each one's median
 sweep in ms and writes it as JSON to ``--out``.
 
-    PYTHONPATH=src .venv/bin/python scripts/cpu_packed_products.py --out DIR
+    PYTHONPATH=src .venv/bin/python scripts/cpu_packed_products.py --out DIR [--rows 16 32]
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--rows", type=int, nargs="+", default=list(ROWS), help="row counts")
     args = parser.parse_args()
     if not packing_available():
         raise SystemExit("this torch has no oneDNN packed products")
@@ -60,7 +61,7 @@ def main() -> None:
     with torch.inference_mode():
         for w in weights:
             packed_product(torch.zeros(2, w.shape[1]), w)  # pack once, outside the timing
-        for rows in ROWS:
+        for rows in args.rows:
             inputs = {n: torch.randn(rows, n) for n in (576, 1536)}
             times: dict[str, list[float]] = {name: [] for name in products}
             for _ in range(args.rounds + 1):  # the first round warms up, not kept
