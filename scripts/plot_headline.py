@@ -289,8 +289,10 @@ PANELS = [
             ("s44 e435283", "cpu_session44_mainjob_e435283"),
             ("s44 3312b19", "cpu_session44_mainjob_3312b19"),
             ("s45 322c81a", "cpu_session45_mainjob_322c81a"),
+            ("s45 1a284d8", "cpu_session45_mainjob_1a284d8"),
             ("s45 322c81a c16", "cpu_session45_c16_322c81a"),
             ("s45 322c81a c16", "cpu_session45_c16_settle_322c81a"),
+            ("s45 ff47535 c16", "cpu_session45_c16_margin_ff47535"),
         ],
     ),
 ]
