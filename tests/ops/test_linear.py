@@ -102,12 +102,18 @@ def test_plan_from_times_pads_only_to_a_clearly_faster_larger_count():
     assert odd[5:] == ((TRANSPOSED, 5), (TRANSPOSED, 6), (TRANSPOSED, 8), (TRANSPOSED, 8))
     # One row through the packed product is padded to two as well.
     assert ops.plan_from_times({1: [9.0, 8.0, 5.0]})[1] == (PACKED, 2)
+    # Above ROW_MAJOR_MAX_ROWS (8) weight @ x.T counts COLUMN_MAJOR_COST (1.1) times its
+    # time: 52 x 1.1 = 57.2 loses to 55, 49 x 1.1 = 53.9 wins; at 8 rows 54 wins as is.
+    assert ops.plan_from_times({32: [60.0, 52.0, 55.0]})[32] == (PACKED, 32)
+    assert ops.plan_from_times({32: [60.0, 49.0, 55.0]})[32] == (TRANSPOSED, 32)
+    assert ops.plan_from_times({8: [60.0, 54.0, 55.0]})[8] == (TRANSPOSED, 8)
 
 
 def _scripted_times(rows: int) -> list[float]:
-    """[F.linear, weight @ x.T, packed]: weight @ x.T leads up to 12 rows and the packed
-    product from 13; 9 rows take 2.5 whichever way (padded to 12: 1.6); F.linear leads
-    at 64 (2.5)."""
+    """[F.linear, weight @ x.T, packed]: weight @ x.T times fastest up to 12 rows, but
+    above ROW_MAJOR_MAX_ROWS (8) its time counts 1.1x (COLUMN_MAJOR_COST), so the packed
+    product leads from 10 (1.56 against 1.65); 9 rows take 2.5 whichever way (padded to
+    12: 1.61 packed); F.linear leads at 64 (2.5)."""
     times = [2.0 + rows / 20, 1.0 + rows / 20, 1.31 + rows / 40]
     if rows == 9:
         times = [2.5, 2.5, 2.5]
@@ -150,9 +156,10 @@ def test_tune_small_rows_times_every_path_and_follows_the_fastest(monkeypatch):
         plan = ops.row_plan((24, 40))
         assert plan[1] == (TRANSPOSED, 2)
         assert plan[2:9] == tuple((TRANSPOSED, n) for n in range(2, 9))
-        assert plan[9] == (TRANSPOSED, 12) and plan[10] == (TRANSPOSED, 10)
-        assert plan[13:49] == tuple((PACKED, n) for n in range(13, 49))
-        assert plan[49:65] == tuple((FLAT, n) for n in range(49, 65))
+        assert plan[9] == (PACKED, 12)
+        # Counts between those timed follow the next one timed: 57-63 as 64.
+        assert plan[10:57] == tuple((PACKED, n) for n in range(10, 57))
+        assert plan[57:65] == tuple((FLAT, n) for n in range(57, 65))
         assert ops.row_plan((40, 24)) == plan
         assert ops.is_packed(weights[0])  # packed once, kept for the run
 
@@ -174,15 +181,15 @@ def test_tune_small_rows_times_every_path_and_follows_the_fastest(monkeypatch):
         monkeypatch.setattr(ops.torch, "mm", spy_mm)
         monkeypatch.setattr(ops.F, "linear", spy_linear)
         monkeypatch.setattr(ops, "packed_product", spy_packed)
-        for rows in (1, 3, 9, 20, 50, 64, 65):
+        for rows in (1, 3, 9, 20, 50, 60, 64, 65):
             x = torch.randn(rows, 40)
             torch.testing.assert_close(ops.linear(x, weights[0]), f_linear(x, weights[0]))
-        assert seen == {TRANSPOSED: [2, 3, 12], PACKED: [20], FLAT: [50, 64, 65]}
+        assert seen == {TRANSPOSED: [2, 3], PACKED: [12, 20, 50], FLAT: [60, 64, 65]}
         # Where autograd records, the packed product gives way to F.linear.
         trained = weights[0].clone().requires_grad_()
         x = torch.randn(20, 40)
         ops.linear(x, trained).sum().backward()
-        assert seen[FLAT][-1] == 20 and seen[PACKED] == [20]
+        assert seen[FLAT][-1] == 20 and seen[PACKED] == [12, 20, 50]
         torch.testing.assert_close(trained.grad, x.sum(0).expand(24, 40))
 
         ops.forget_small_rows(weights)  # back to weight @ x.T for 2 ... 16 rows
@@ -207,8 +214,9 @@ def test_tune_small_rows_without_packing_times_two_products(monkeypatch):
         assert calls[0] == 2 * len(ticks) == 2 * 2 * 2 * len(ops.TUNED_ROWS)
         plan = ops.row_plan((28, 40))
         assert all(path != PACKED for path, _ in plan[1:])
-        assert plan[13:33] == tuple((TRANSPOSED, n) for n in range(13, 33))
-        assert plan[33:49] == ((FLAT, 64),) * 16  # 48 pads to 64: 2.5 against 3.4
+        assert plan[13:29] == tuple((TRANSPOSED, n) for n in range(13, 29))
+        # 32 and up pad to 64 (2.5 against 2.6 x 1.1 = 2.86 at 32; 28: 2.64, not by 0.9).
+        assert plan[29:57] == ((FLAT, 64),) * 28
         assert not ops.is_packed(weights[0])
     finally:
         _forget(weights)

@@ -33,12 +33,17 @@ SKINNY_ROWS = 16
 """Until ``tune_small_rows`` has measured this machine, products with 2 ... SKINNY_ROWS
 rows run as ``weight @ x.T`` (the choice measured on the EPYC of sessions 5-9)."""
 
-TUNED_ROWS = (*range(1, 17), 24, 32, 48, 64)
+TUNED_ROWS = (*range(1, 17), 20, 24, 28, 32, 36, 40, 44, 48, 56, 64)
 """The row counts ``tune_small_rows`` times (every count a verify step of up to 16 tokens
-can have, then a few larger ones); a count between two takes the choice of the next one
-timed, and more than the last runs as the last does, over its own rows (a prompt chunk;
-session 44, SmolLM2's weights at 112-512 rows: packed 0.70-0.81x ``F.linear``'s time,
-``weight @ x.T`` 0.88-0.94x)."""
+can have, then every fourth up to 48, the verify steps of 16 requests drafting 1-2 deep);
+a count between two takes the choice of the next one timed, and more than the last runs
+as the last does, over its own rows (a prompt chunk; session 44, SmolLM2's weights at
+112-512 rows: packed 0.70-0.81x ``F.linear``'s time, ``weight @ x.T`` 0.88-0.94x). With
+48 the next count timed after 32 (sessions 44-45), 33-47 rows took 48's choice, where
+``F.linear`` and the packed product run level (67.8 and 66.8 ms over SmolLM2's weights),
+while at 33-40 the packed product runs 0.88-0.93x ``F.linear``'s time (51.4 against
+58.7 ms at 33; ``scripts/cpu_packed_products.py``, session 45): a tuning that gave 48 to
+``F.linear`` made a 16-request step drafting 2 deep pay about 7 ms more."""
 
 PAD_GAIN = 0.9
 PAD_MULTIPLE = 4
@@ -58,6 +63,16 @@ row-major: left transposed, every elementwise step after it (bias, activation, n
 residual, the sampler's reductions) runs along its few rows (``scripts/cpu_row_major_ab.py``:
 0.74-0.77x a verify forward's time at one request verifying 2 tokens, 0.97x at 8; at
 four requests of 4 tokens, 16 rows, the copy costs what it saves)."""
+
+COLUMN_MAJOR_COST = 1.1
+"""``tune_small_rows`` weighs the transposed product's sweeps above ``ROW_MAJOR_MAX_ROWS``
+by this: there its ``[rows, out]`` result is left column-major, and what follows it in
+the layer pays for that, which the product's own timing does not see. In a forward of 16
+requests over 300 cached tokens (session 45), 32 rows through ``weight @ x.T`` took 106.1
+ms against the packed product's 98.6 where the tuning had timed the products alone at
+57.0 against 55.0 ms; at 24 rows 101.0 against 89.5 (products 56.9 against 47.0). Two of
+four tunings in session 45 gave 25-32 rows to ``weight @ x.T`` by a few percent, and
+fixed K = 1 at 16 requests then ran 0.97x no speculation instead of 1.03-1.04x."""
 
 PACK_ROWS = 16
 """The row count oneDNN is told to expect when it packs a weight (the layout it picks;
@@ -257,11 +272,17 @@ def plan_from_times(best: dict[int, list[float]]) -> tuple:
     unless a larger count timed, a multiple of ``PAD_MULTIPLE``, ran at most ``PAD_GAIN``
     of that (then the fastest such count and its fastest path, padded to); a count not
     timed follows the next one timed (padded as it is, or over its own rows). One row
-    through ``weight @ x.T`` or the packed product runs as two (timed so)."""
+    through ``weight @ x.T`` or the packed product runs as two (timed so). Above
+    ``ROW_MAJOR_MAX_ROWS`` rows ``weight @ x.T``'s sweeps count ``COLUMN_MAJOR_COST``
+    times their time."""
     counts = sorted(best)
 
     def fastest(rows: int) -> tuple[float, str]:
-        return min((t, path) for t, path in zip(best[rows], PATHS, strict=False))
+        column_major = COLUMN_MAJOR_COST if rows > ROW_MAJOR_MAX_ROWS else 1.0
+        return min(
+            (t * column_major if path == TRANSPOSED else t, path)
+            for t, path in zip(best[rows], PATHS, strict=False)
+        )
 
     chosen: dict[int, tuple[str, int]] = {}
     for i, rows in enumerate(counts):
