@@ -293,6 +293,8 @@ PANELS = [
             ("s45 322c81a c16", "cpu_session45_c16_322c81a"),
             ("s45 322c81a c16", "cpu_session45_c16_settle_322c81a"),
             ("s45 ff47535 c16", "cpu_session45_c16_margin_ff47535"),
+            ("s45 rows c16", "cpu_session45_c16_rows_only"),
+            ("s45 6ad3b66 c16", "cpu_session45_c16_6ad3b66"),
         ],
     ),
 ]
