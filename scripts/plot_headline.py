@@ -295,6 +295,7 @@ PANELS = [
             ("s45 ff47535 c16", "cpu_session45_c16_margin_ff47535"),
             ("s45 rows c16", "cpu_session45_c16_rows_only"),
             ("s45 6ad3b66 c16", "cpu_session45_c16_6ad3b66"),
+            ("s45 6ad3b66", "cpu_session45_mainjob_6ad3b66"),
         ],
     ),
 ]

@@ -40,9 +40,9 @@ a count between two takes the choice of the next one timed, and more than the la
 as the last does, over its own rows (a prompt chunk; session 44, SmolLM2's weights at
 112-512 rows: packed 0.70-0.81x ``F.linear``'s time, ``weight @ x.T`` 0.88-0.94x). With
 48 the next count timed after 32 (sessions 44-45), 33-47 rows took 48's choice, where
-``F.linear`` and the packed product run level (67.8 and 66.8 ms over SmolLM2's weights),
-while at 33-40 the packed product runs 0.88-0.93x ``F.linear``'s time (51.4 against
-58.7 ms at 33; ``scripts/cpu_packed_products.py``, session 45): a tuning that gave 48 to
+``F.linear`` and the packed product run level (70.4 and 70.8 ms over SmolLM2's weights),
+while at 33-40 the packed product runs 0.88-0.93x ``F.linear``'s time (54.4 against
+62.1 ms at 33; ``scripts/cpu_packed_products.py``, session 45): a tuning that gave 48 to
 ``F.linear`` made a 16-request step drafting 2 deep pay about 7 ms more."""
 
 PAD_GAIN = 0.9
