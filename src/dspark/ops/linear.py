@@ -67,12 +67,14 @@ four requests of 4 tokens, 16 rows, the copy costs what it saves)."""
 COLUMN_MAJOR_COST = 1.1
 """``tune_small_rows`` weighs the transposed product's sweeps above ``ROW_MAJOR_MAX_ROWS``
 by this: there its ``[rows, out]`` result is left column-major, and what follows it in
-the layer pays for that, which the product's own timing does not see. In a forward of 16
-requests over 300 cached tokens (session 45), 32 rows through ``weight @ x.T`` took 106.1
-ms against the packed product's 98.6 where the tuning had timed the products alone at
-57.0 against 55.0 ms; at 24 rows 101.0 against 89.5 (products 56.9 against 47.0). Two of
-four tunings in session 45 gave 25-32 rows to ``weight @ x.T`` by a few percent, and
-fixed K = 1 at 16 requests then ran 0.97x no speculation instead of 1.03-1.04x."""
+the layer pays for that, which the product's own timing does not see. Session 45, a
+whole forward of 16 requests over 300 cached tokens with one count's path forced
+(``scripts/cpu_plan_forward.py``): 32 rows through ``weight @ x.T`` 104.8 ms against the
+packed product's 96.5, twice the gap of the products alone (55.2 against 51.2 ms,
+``scripts/cpu_packed_products.py``); at 24 rows 97.9 against 87.7, no more than the
+products' gap. Two of four tunings in that session gave 25-32 rows to ``weight @ x.T``
+(a few percent ahead in their own sweeps), and fixed K = 1 at 16 requests then ran
+0.97x no speculation instead of 1.03-1.04x."""
 
 PACK_ROWS = 16
 """The row count oneDNN is told to expect when it packs a weight (the layout it picks;
