@@ -107,6 +107,13 @@ def test_plan_from_times_pads_only_to_a_clearly_faster_larger_count():
     assert ops.plan_from_times({32: [60.0, 52.0, 55.0]})[32] == (PACKED, 32)
     assert ops.plan_from_times({32: [60.0, 49.0, 55.0]})[32] == (TRANSPOSED, 32)
     assert ops.plan_from_times({8: [60.0, 54.0, 55.0]})[8] == (TRANSPOSED, 8)
+    # The weighting follows the count's own rows: 8 rows padded to 16 through weight @
+    # x.T are copied row-major, so 73.2 at 16 is not weighed and pads 82.7 at 8 (PAD_GAIN).
+    inf = float("inf")
+    assert ops.plan_from_times({8: [200.0, 82.7, inf], 16: [200.0, 73.2, inf]})[8] == (
+        TRANSPOSED,
+        16,
+    )
 
 
 def _scripted_times(rows: int) -> list[float]:

@@ -57,7 +57,13 @@ from tqdm import tqdm
 
 from dspark.bench.provenance import source_digest
 from dspark.engine.drafter import DSparkDrafter
-from dspark.engine.engine import STEP_FIELDS, EngineConfig, LLMEngine, drafter_rows
+from dspark.engine.engine import (
+    STEP_FIELDS,
+    EngineConfig,
+    LLMEngine,
+    drafter_rows,
+    uses_kv_regions,
+)
 from dspark.engine.graphs import CAPTURE_AFTER_WASTE
 from dspark.engine.heap import CollectorPauses, frozen_heap
 from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
@@ -728,8 +734,13 @@ def engine_for(
         block = replay.draft_model.config.block_size
         on_gpu = args.device.startswith("cuda")
         graphs = (concurrency, loaded.config.max_position) if on_gpu else None
+        regions = config.max_num_seqs if uses_kv_regions(config, torch.device(args.device)) else 0
         inner = DSparkDrafter(
-            replay.draft_model, drafter_rows(config, block), config.block_size, graphs=graphs
+            replay.draft_model,
+            drafter_rows(config, block),
+            config.block_size,
+            graphs=graphs,
+            regions=regions,  # as the engine gives the drafter it builds itself
         )
         # The same seed for every configuration: a request meets the same round at the
         # same point of its output in all of them (common random numbers).

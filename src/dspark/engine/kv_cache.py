@@ -12,12 +12,15 @@ the step attends over, in every layer (SmolLM2 at 16 requests of about 600 token
 2-core CPU: a quarter of a decoding step). With regions the first blocks of the pool are
 cut into S equal runs, and a table whose ``region`` is set (its request's slot) takes the
 next block of its own run while it can, so its rows stay consecutive. A group of requests
-whose rows all are reads a strided view of the cache (requests ``region_rows`` apart)
-instead of a copy. A table that cannot take its next block (its run is full, or another
-table borrowed that block) takes any free block from then on and is read by a gather, as
-is every group it joins: regions change where blocks come from, never how many there
-are. Blocks outside the runs are handed out first to tables without a region (or spilled
-ones), then free blocks from the end of the runs.
+whose tables all hold their runs' first blocks in order reads a strided view of the cache
+(requests ``region_rows`` apart) instead of a copy. A table that cannot take its next
+block (its run is full, or another table borrowed that block) takes any free block from
+then on and is read by a gather, as is every group it joins: regions change where blocks
+come from, never how many there are. Blocks outside the runs are handed out first to
+tables without a region (or spilled ones), then free blocks from the end of the runs. So
+a request longer than its run (``kv_cache_tokens / max_num_seqs`` tokens) is gathered,
+even alone, and, with the shared blocks out, the blocks it borrows from the end of the
+last runs make their own requests spill when they grow that far.
 """
 
 from __future__ import annotations
@@ -47,9 +50,10 @@ SHORT_QUERY = 16
 
 REGION_SPAN = 2
 """A group of requests read in their regions spans the runs from its lowest to its highest
-(the runs between, of requests not in the group, ride along masked out): read so while
-that span is at most ``REGION_SPAN`` times the group's size, else gathered. A masked row
-costs attention a read of its keys; the gather would copy every row and read it again."""
+(the runs between, of requests not in the group, ride along as padding rows whose
+outputs are dropped): read so while that span is at most ``REGION_SPAN`` times the
+group's size, else gathered. Attention computes a padding row over every key of the
+span, as it does a real one; the gather would copy every real row and read it again."""
 
 
 class PagedKVCache:
@@ -179,7 +183,8 @@ class PagedKVCache:
         regions = self._regions_of(tables, members)
         if regions is not None:
             # Rows in region order, every run from the lowest to the highest; the runs of
-            # requests outside the group are padding (no query, one key).
+            # requests outside the group are padding rows (no valid query: attention
+            # computes them over every key, and their outputs are dropped).
             first = int(regions.min())
             span = int(regions.max()) - first + 1
             order = regions - first
@@ -235,5 +240,7 @@ class PagedKVCache:
         if members.shape[0] < 2 or not all(self.is_in_region(tables[r]) for r in members):
             return None
         regions = np.array([tables[r].region for r in members], dtype=np.int64)
+        if len(set(regions.tolist())) != regions.shape[0]:  # never expected: one run each
+            return None
         span = int(regions.max()) - int(regions.min()) + 1
         return regions if span <= REGION_SPAN * members.shape[0] else None

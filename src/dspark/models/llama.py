@@ -23,12 +23,14 @@ from dspark.ops.linear import linear
 class AttentionGroup:
     """Requests whose attention runs as one padded SDPA call.
 
-    ``read_index`` is ``[R, max_len]`` cache rows each request attends over (padding masked
-    out by ``mask``); ``query_index`` scatters the packed queries into ``[R, max_query]``,
-    ``valid_rows`` lists the real ones as flat indices into ``[R · max_query]`` (integer
-    indices, not a boolean mask: selecting by a mask on the GPU makes the host wait for the
-    count), and ``out_index`` lists, in the same order, where their outputs go in the packed
-    sequence.
+    R is the group's requests, or, read in their cache regions (``read_stride``), the
+    regions from the lowest to the highest, those of requests outside the group padding
+    rows with no valid query. ``read_index`` is ``[R, max_len]`` cache rows each request
+    attends over (padding masked out by ``mask``); ``query_index`` scatters the packed
+    queries into ``[R, max_query]``, ``valid_rows`` lists the real ones as flat indices
+    into ``[R · max_query]`` (integer indices, not a boolean mask: selecting by a mask on
+    the GPU makes the host wait for the count), and ``out_index`` lists, in the same
+    order, where their outputs go in the packed sequence.
     """
 
     read_index: torch.Tensor | None  # [R, max_len]; None: a view from read_start (below)

@@ -274,23 +274,26 @@ def plan_from_times(best: dict[int, list[float]]) -> tuple:
     unless a larger count timed, a multiple of ``PAD_MULTIPLE``, ran at most ``PAD_GAIN``
     of that (then the fastest such count and its fastest path, padded to); a count not
     timed follows the next one timed (padded as it is, or over its own rows). One row
-    through ``weight @ x.T`` or the packed product runs as two (timed so). Above
-    ``ROW_MAJOR_MAX_ROWS`` rows ``weight @ x.T``'s sweeps count ``COLUMN_MAJOR_COST``
-    times their time."""
+    through ``weight @ x.T`` or the packed product runs as two (timed so). For a count
+    above ``ROW_MAJOR_MAX_ROWS`` rows ``weight @ x.T``'s sweeps count ``COLUMN_MAJOR_COST``
+    times their time (whatever count they were timed at: a count of 8 or fewer padded
+    to 16 is still copied row-major)."""
     counts = sorted(best)
 
-    def fastest(rows: int) -> tuple[float, str]:
+    def fastest(timed: int, rows: int) -> tuple[float, str]:
+        """The fastest path over ``timed`` rows for a count of ``rows`` (``linear`` leaves
+        the transposed result column-major by the count's own rows, padded or not)."""
         column_major = COLUMN_MAJOR_COST if rows > ROW_MAJOR_MAX_ROWS else 1.0
         return min(
             (t * column_major if path == TRANSPOSED else t, path)
-            for t, path in zip(best[rows], PATHS, strict=False)
+            for t, path in zip(best[timed], PATHS, strict=False)
         )
 
     chosen: dict[int, tuple[str, int]] = {}
     for i, rows in enumerate(counts):
-        own, path = fastest(rows)
+        own, path = fastest(rows, rows)
         target = (path, rows)
-        larger = [(fastest(m), m) for m in counts[i + 1 :] if m % PAD_MULTIPLE == 0]
+        larger = [(fastest(m, rows), m) for m in counts[i + 1 :] if m % PAD_MULTIPLE == 0]
         if larger:
             (time_m, path_m), m = min(larger)
             if time_m <= PAD_GAIN * own:
