@@ -298,6 +298,7 @@ PANELS = [
             ("s45 6ad3b66", "cpu_session45_mainjob_6ad3b66"),
             ("s45 ec528a5", "cpu_session45_mainjob_ec528a5"),
             ("s45 ec528a5 c16", "cpu_session45_c16_ec528a5"),
+            ("s45 ec528a5 c16", "cpu_session45_c16_ec528a5_run2"),
         ],
     ),
 ]
