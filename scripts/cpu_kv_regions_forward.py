@@ -12,41 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from cpu_plan_forward import forward_ms  # scripts/ is on the path when run as a script
 
 from dspark.engine.engine import EngineConfig, LLMEngine
-from dspark.engine.kv_cache import BlockTable
 from dspark.models.loader import load_model
-
-
-def timed_forward(engine: LLMEngine, requests: int, context: int, query: int, reps: int):
-    """Median ms of ``reps`` forwards (two untimed first) over ``requests`` requests whose
-    blocks were reserved in turns of one block, as a running engine's decodes grow."""
-    tables = [BlockTable(region=i) for i in range(requests)]
-    total = context + query
-    for end in range(engine.cache.block_size, total + engine.cache.block_size, 16):
-        for table in tables:
-            if not engine.cache.reserve(table, min(end, total)):
-                raise ValueError("the KV cache is too small; lower --requests or --context")
-    tokens = np.random.default_rng(0).integers(0, 1000, requests * query)
-    times = []
-    try:
-        with torch.inference_mode():
-            for _ in range(reps + 2):
-                start = time.perf_counter()
-                hidden, _ = engine.forward(
-                    tables, np.full(requests, context), np.full(requests, query), tokens
-                )
-                engine.model.logits(hidden)
-                times.append((time.perf_counter() - start) * 1e3)
-    finally:
-        for table in tables:
-            engine.cache.release(table)
-    return float(np.median(times[2:]))
 
 
 def main() -> None:
@@ -70,7 +43,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for query in args.queries:
             for mode, engine in engines.items():
-                ms = timed_forward(engine, args.requests, args.context, query, args.reps)
+                rows = args.requests * query
+                ms = forward_ms(engine, args.requests, args.context, rows, args.reps)
                 results[query][mode].append(ms)
     print(f"{args.requests} requests, {args.context} cached tokens each (ms, median of rounds)")
     print(f"{'queries':>8} {'gathered':>9} {'in place':>9} {'ratio':>6}")
