@@ -138,7 +138,7 @@ def test_greedy_speculation_with_a_dspark_drafter_equals_plain_greedy(
     """With the look-ahead on, depths decided ahead are taken by the same decodes and,
     most of the time, by batches that changed (``lookahead_reuse``), and such batches take
     their shares of the budget planned ahead (``lookahead_shares``): still lossless. The
-    drafter's block cut to each step's depth (``draft_block`` "auto" on the CPU) or whole."""
+    drafter's block cut to each step's depth (``draft_block`` "auto") or whole."""
     from tests.models.test_drafter import random_drafter
 
     target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)

@@ -267,8 +267,11 @@ class EngineConfig:
     # tokens past the cut): SmolLM2's drafter at 16 requests on this CPU, acceptance
     # length 1.435 cut against 1.438 full at K = 1, 1.661 against 1.664 at K = 3, while
     # its pass took 6.8 ms cut against 12.4 at K = 1 (session 44). Lossless either way.
-    # "auto" (the default): cut on the CPU, where the pass's rows cost compute; full on
-    # CUDA (not measured there).
+    # "auto" (the default): cut, on every device. On the H200 (session 46, time-sliced,
+    # paired against full in the same windows) the 8B shape at 256 requests ran 1.033x
+    # and 1.026x in two runs (its shallow steps' drafter pass 6.3 ms cut against 7.5
+    # full); every other level of both targets 0.993-1.007 (``docs/results/bench/h200/
+    # session46``). Before session 46: full on CUDA, then unmeasured there.
     draft_block: str = "auto"
     # KV cache regions (``dspark.engine.kv_cache``): "on" gives each sequence slot a run of
     # the cache's blocks that its request fills in order, so that eager attention reads
@@ -646,7 +649,7 @@ class LLMEngine:
             self.acceptance = OnlineAcceptance(config.num_drafts)
             block = config.draft_block
             if block == "auto":
-                block = "full" if self.device.type == "cuda" else "cut"
+                block = "cut"
             proposer = getattr(self.drafter, "inner", self.drafter)  # a replay's own drafter
             if hasattr(proposer, "block_cut"):
                 proposer.block_cut = block == "cut"
