@@ -103,6 +103,14 @@ PANELS = [
             ("s43 e364dee", "h200/session43/b8_s43_c16"),
             ("s43 e364dee", "h200/session43/b8_s43_c64"),
             ("s43 e364dee", "h200/session43/b8_s43_c256"),
+            # Session 46 (ec528a5's code): the drafter's block cut to each depth ("cut"),
+            # the default since, beside the full block, the default on CUDA before.
+            ("s46 cut", "h200/session46/b8_s46_c1", "adaptive≤7 cut"),
+            ("s46 cut", "h200/session46/b8_s46_c4", "adaptive≤7 cut"),
+            ("s46 cut", "h200/session46/b8_s46_c16", "adaptive≤7 cut"),
+            ("s46 cut", "h200/session46/b8_s46_c64", "adaptive≤7 cut"),
+            ("s46 cut", "h200/session46/b8_s46_c256", "adaptive≤7 cut"),
+            ("s46 cut", "h200/session46/b8_s46_c256_r3", "adaptive≤7 cut"),
         ],
     ),
     (
@@ -196,6 +204,13 @@ PANELS = [
             ("s43 e364dee", "h200/session43/s43_16"),
             ("s43 e364dee", "h200/session43/s43_64"),
             ("s43 e364dee", "h200/session43/s43_256"),
+            # Session 46 (ec528a5's code), "cut" as for the 8B shape; s46_1 cut short by its
+            # time limit after three of four windows (bench.partial.json).
+            ("s46 cut", "h200/session46/s46_lo", "adaptive≤7 cut"),
+            ("s46 cut", "h200/session46/s46_1", "adaptive≤7 cut"),
+            ("s46 cut", "h200/session46/s46_16", "adaptive≤7 cut"),
+            ("s46 cut", "h200/session46/s46_64", "adaptive≤7 cut"),
+            ("s46 cut", "h200/session46/s46_256", "adaptive≤7 cut"),
         ],
     ),
     (
@@ -365,19 +380,19 @@ def bench_rows(path: Path) -> list[dict]:
 # machine; session 36's sweep, 78810c0, is in docs/results/bench/h200/session36/):
 # (folder, the row of adaptive at the defaults), drawn as "adaptive≤7" with the run's
 # other adaptive rows left out.
-SWEEP_8B = [  # session 43, e364dee (session 39's: h200/session39/b8_s39_c*)
-    ("h200/session43/b8_s43_c1", "adaptive≤7"),
-    ("h200/session43/b8_s43_c4", "adaptive≤7"),
-    ("h200/session43/b8_s43_c16", "adaptive≤7"),
-    ("h200/session43/b8_s43_c64", "adaptive≤7"),
-    ("h200/session43/b8_s43_c256", "adaptive≤7"),
+SWEEP_8B = [  # session 46, ec528a5, "cut" (session 43's: h200/session43/b8_s43_c*)
+    ("h200/session46/b8_s46_c1", "adaptive≤7 cut"),
+    ("h200/session46/b8_s46_c4", "adaptive≤7 cut"),
+    ("h200/session46/b8_s46_c16", "adaptive≤7 cut"),
+    ("h200/session46/b8_s46_c64", "adaptive≤7 cut"),
+    ("h200/session46/b8_s46_c256_r3", "adaptive≤7 cut"),
 ]
 
-SWEEP_SMOLLM2 = [  # session 43, e364dee: 1 and 4 (with no speculation) from one run
-    ("h200/session43/s43_lo", "adaptive≤7"),
-    ("h200/session43/s43_16", "adaptive≤7"),
-    ("h200/session43/s43_64", "adaptive≤7"),
-    ("h200/session43/s43_256", "adaptive≤7"),
+SWEEP_SMOLLM2 = [  # session 46, ec528a5, "cut": 1 and 4 (with no speculation) from one run
+    ("h200/session46/s46_lo", "adaptive≤7 cut"),
+    ("h200/session46/s46_16", "adaptive≤7 cut"),
+    ("h200/session46/s46_64", "adaptive≤7 cut"),
+    ("h200/session46/s46_256", "adaptive≤7 cut"),
 ]
 
 
@@ -409,12 +424,12 @@ def plot_merged_sweep(folders: list[tuple[str, str]], out: Path, title: str) -> 
 def main() -> None:
     plot_merged_sweep(
         SWEEP_8B,
-        RESULTS / "h200" / "session43" / "b8_levels.png",
+        RESULTS / "h200" / "session46" / "b8_levels.png",
         "H200, Llama-3-8B shape, acceptance REPLAYED; fixed Ks as run at each level",
     )
     plot_merged_sweep(
         SWEEP_SMOLLM2,
-        RESULTS / "h200" / "session43" / "smollm2_levels.png",
+        RESULTS / "h200" / "session46" / "smollm2_levels.png",
         "H200, SmolLM2-135M + shipped drafter; fixed Ks as run at each level",
     )
     import matplotlib
