@@ -314,6 +314,7 @@ PANELS = [
             ("s45 ec528a5", "cpu_session45_mainjob_ec528a5"),
             ("s45 ec528a5 c16", "cpu_session45_c16_ec528a5"),
             ("s45 ec528a5 c16", "cpu_session45_c16_ec528a5_run2"),
+            ("s46 355dc50", "cpu_session46_mainjob_355dc50"),
         ],
     ),
 ]
