@@ -722,3 +722,94 @@ def test_the_step_log_holds_every_measured_step_of_every_window(tiny, monkeypatc
         measured = runs[entry["label"], 2][entry["repeat"]]
         emitted = entry["fields"].index("emitted")
         assert sum(step[emitted] for step in entry["steps"]) == measured.tokens > 0
+
+
+def test_a_stopped_bench_keeps_the_repeats_every_setting_of_a_level_finished():
+    from dspark.bench.sweep import finished_repeats
+
+    labels = ["no spec", "K=1", "adaptive≤7"]
+    runs = {
+        ("no spec", 1): ["n1a", "n1b"],
+        ("K=1", 1): ["k1a", "k1b"],
+        ("adaptive≤7", 1): ["a1a", "a1b"],
+        ("no spec", 4): ["n4a", "n4b"],
+        ("K=1", 4): ["k4a", "k4b"],
+        ("adaptive≤7", 4): ["a4a"],  # stopped in its second repeat
+        ("no spec", 16): ["n16a"],  # K=1 and adaptive never finished one here
+    }
+    kept, left_out = finished_repeats(runs, labels)
+    assert kept == {
+        ("no spec", 1): ["n1a", "n1b"],
+        ("K=1", 1): ["k1a", "k1b"],
+        ("adaptive≤7", 1): ["a1a", "a1b"],
+        ("no spec", 4): ["n4a"],
+        ("K=1", 4): ["k4a"],
+        ("adaptive≤7", 4): ["a4a"],
+    }
+    assert left_out == 3  # n4b, k4b and n16a
+    assert finished_repeats({}, labels) == ({}, 0)
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_a_bench_stopped_by_a_signal_reports_what_it_finished(tiny, monkeypatch, tmp_path, how):
+    """Ctrl-C or SIGTERM (``timeout``) in the middle of a run: ``dspark bench`` still writes
+    its table and ``bench.json`` from the repeats every setting finished, says it was
+    stopped, and exits as the signal would have."""
+    import json
+    import os
+    import signal
+
+    from dspark.bench import sweep
+
+    monkeypatch.setattr(sweep, "load_model", lambda *a, **k: tiny)
+    monkeypatch.setattr(
+        sweep,
+        "engine_for",
+        lambda loaded, setting, concurrency, args, replay=None: LLMEngine(
+            tiny, EngineConfig(max_num_seqs=concurrency)
+        ),
+    )
+    monkeypatch.setattr(sweep, "bench_prompts", lambda tok, args, n: [[5, 6, i] for i in range(n)])
+    handler = signal.getsignal(signal.SIGTERM)
+    measured = []
+    real_measure = sweep.measure
+
+    def measure(*args, **kwargs):
+        if len(measured) == 3:  # the second repeat's first run: stopped inside it
+            if how == "SIGTERM":
+                os.kill(os.getpid(), signal.SIGTERM)
+            raise KeyboardInterrupt
+        measured.append(real_measure(*args, **kwargs))
+        return measured[-1]
+
+    monkeypatch.setattr(sweep, "measure", measure)
+    args = _bench_args(
+        "--out",
+        str(tmp_path),
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "3",
+        "--fixed",
+        "1",
+        "--no-adaptive",
+        "--repeats",
+        "3",
+        "--slice-ms",
+        "0",
+        "--min-requests",
+        "2",
+    )
+    with pytest.raises(SystemExit) as stop:
+        sweep.main(args)
+    assert stop.value.code == {"SIGINT": 130, "SIGTERM": 143}[how]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["stopped"]["by"] == how
+    # Two settings (no spec, K = 1) ran in the first repeat and one in the second: the
+    # table keeps the first repeat, and the second's lone run is left out.
+    assert report["stopped"]["runs_left_out"] == 1
+    assert sorted(r["label"] for r in report["rows"]) == ["K=1", "no spec"]
+    assert [len(r["tok_s_runs"]) for r in report["rows"]] == [1, 1]
+    partial = json.loads((tmp_path / "bench.partial.json").read_text())
+    assert len(partial) == 3  # every finished run stays in the partial file
+    assert signal.getsignal(signal.SIGTERM) is handler  # put back as it was

@@ -46,8 +46,10 @@ import gc
 import json
 import math
 import platform
+import signal
+import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -792,23 +794,93 @@ def main(args: argparse.Namespace) -> None:
     runs: dict[tuple[str, int], list[Measurement]] = {}
     run = _run_sliced if args.slice_ms else _run_interleaved
     steps = StepLog(Path(args.out) / "steps.json") if args.step_log else None
-    drafter_name = run(args, loaded, tokenizer, settings, params, replay, runs, steps)
+    seen: dict = {}
+    stopped = None
+    try:
+        with _sigterm_stops():
+            run(args, loaded, tokenizer, settings, params, replay, runs, steps, seen)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (``_sigterm_stops``)
+        stopped = str(stop) or "SIGINT"
+    left_out = 0
+    if stopped is not None:
+        runs, left_out = finished_repeats(runs, [setting.label for setting in settings])
+        if not runs:
+            print(
+                f"[dspark] stopped by {stopped} before every setting of a level had finished "
+                f"a repeat: nothing to compare ({args.out}/bench.partial.json keeps each "
+                "finished run)"
+            )
+            raise SystemExit(STOPPED_EXIT[stopped])
+        print(
+            f"[dspark] stopped by {stopped}: the table holds the repeats every setting of "
+            f"a level finished ({left_out} finished runs left out, kept in "
+            f"{args.out}/bench.partial.json)"
+        )
     rows = [summarise(measurements) for measurements in runs.values()]
-    report(rows, args, dtype, drafter_name, replay)
+    stop = None if stopped is None else {"by": stopped, "runs_left_out": left_out}
+    report(rows, args, dtype, seen.get("drafter"), replay, stopped=stop)
+    if stopped is not None:
+        raise SystemExit(STOPPED_EXIT[stopped])
+
+
+STOPPED_EXIT = {"SIGINT": 130, "SIGTERM": 143}
+"""``dspark bench``'s exit status when a signal stopped it (what the shell reports for a
+process those signals end), after it reported what it had finished."""
+
+
+@contextmanager
+def _sigterm_stops():
+    """SIGTERM (``timeout``, a job scheduler's limit) stops the bench as Ctrl-C does, as
+    a ``KeyboardInterrupt``, so that it still reports the repeats it finished rather
+    than dying with them. Only the main thread can take signals; elsewhere nothing
+    changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def finished_repeats(
+    runs: dict[tuple[str, int], list], labels: list[str]
+) -> tuple[dict[tuple[str, int], list], int]:
+    """Of a stopped bench's runs (``(label, concurrency) -> runs in repeat order``), what
+    can be compared: per level, every setting's first ``n`` runs, ``n`` the fewest that
+    any of ``labels`` finished there (so that each repeat pairs every setting's run of
+    it); a level that some setting never finished a run of is left out. Returns those
+    runs, in ``runs``' order, and how many finished runs were left out."""
+    kept: dict[tuple[str, int], list] = {}
+    levels = {concurrency for _, concurrency in runs}
+    finished = {c: min(len(runs.get((label, c), [])) for label in labels) for c in levels}
+    for (label, concurrency), measured in runs.items():
+        n = finished[concurrency]
+        if n:
+            kept[label, concurrency] = measured[:n]
+    left_out = sum(len(m) for m in runs.values()) - sum(len(m) for m in kept.values())
+    return kept, left_out
 
 
 def _run_interleaved(
-    args, loaded, tokenizer, settings, params, replay, runs, steps=None
+    args, loaded, tokenizer, settings, params, replay, runs, steps=None, seen=None
 ) -> str | None:
     """Every (repeat, level, setting) a run of its own on a fresh engine (``job_order``);
-    returns the drafter's class name."""
+    returns the drafter's class name (also kept in ``seen["drafter"]`` as soon as it is
+    known, for a run stopped before it returns)."""
     jobs = job_order(args.repeats, args.concurrency, settings)
     drafter_name = None
+    seen = {} if seen is None else seen
     for _, concurrency, setting in tqdm(jobs, desc="bench"):
         warmup, measured = _level_prompts(tokenizer, args, concurrency)
         engine = engine_for(loaded, setting, concurrency, args, replay)
         if engine.drafter is not None:
-            drafter_name = type(engine.drafter).__name__
+            drafter_name = seen["drafter"] = type(engine.drafter).__name__
         result = measure(
             engine,
             setting,
@@ -832,12 +904,16 @@ def _run_interleaved(
     return drafter_name
 
 
-def _run_sliced(args, loaded, tokenizer, settings, params, replay, runs, steps=None) -> str | None:
+def _run_sliced(
+    args, loaded, tokenizer, settings, params, replay, runs, steps=None, seen=None
+) -> str | None:
     """``--slice-ms``: per level, every setting's engine warmed once and kept; then each
     repeat is one window of ``--window-s`` of every engine's own time, run in turns
     (``sliced_windows``). All of a level's engines are alive at once (their KV caches and
-    graphs side by side)."""
+    graphs side by side). Returns the drafter's class name (and keeps it in ``seen``, as
+    ``_run_interleaved``)."""
     drafter_name = None
+    seen = {} if seen is None else seen
     progress = tqdm(total=len(args.concurrency) * args.repeats, desc="bench (sliced)")
     for concurrency in args.concurrency:
         warmup, measured = _level_prompts(tokenizer, args, concurrency)
@@ -856,7 +932,7 @@ def _run_sliced(args, loaded, tokenizer, settings, params, replay, runs, steps=N
                     "engine at a time) or fewer settings"
                 ) from error
             if engine.drafter is not None:
-                drafter_name = type(engine.drafter).__name__
+                drafter_name = seen["drafter"] = type(engine.drafter).__name__
             loops.append(SlicedLoop(engine, setting, measured, params, concurrency))
         slice_s = args.slice_ms / 1e3
         # Unmeasured: the warm-ups drained every loop, and a window that starts with all
@@ -1010,8 +1086,16 @@ def summarise(measurements: list[Measurement]) -> dict:
 
 
 def report(
-    rows: list[dict], args, dtype, drafter_name: str | None, replay: Replay | None = None
+    rows: list[dict],
+    args,
+    dtype,
+    drafter_name: str | None,
+    replay: Replay | None = None,
+    stopped: dict | None = None,
 ) -> None:
+    """The table, the comparisons, ``bench.json`` and ``bench.png``. ``stopped``: a run
+    a signal cut short (``main``), reported from the repeats it finished; the JSON says
+    so."""
     out = Path(args.out)
     if args.device.startswith("cuda"):
         device = torch.cuda.get_device_name()
@@ -1065,6 +1149,9 @@ def report(
         # Time-sliced (``--slice-ms``): each repeat a window of every engine's own time.
         "slice_ms": args.slice_ms,
         "window_s": args.window_s if args.slice_ms else None,
+        # A run a signal stopped: by which, and how many finished runs the rows leave out
+        # (a row's ``tok_s_runs`` has one entry per repeat it holds).
+        "stopped": stopped,
         "rows": rows,
         "summary": verdicts,
     }
