@@ -144,6 +144,10 @@ class EngineConfig:
     # Adaptive: on steps the gate leaves undrafted, hold the drafter's context updates back
     # and run them batched (every DEFER_LIMIT steps, or before the next drafting step).
     defer_upkeep: bool = True
+    # Adaptive, with ``defer_upkeep``: the cost model prices an undrafted step that held its
+    # upkeep back with its share of a catch-up, as the gate does (``LLMEngine.step``).
+    # False: at its own time alone, as before session 46 (kept to A/B it).
+    upkeep_in_price: bool = True
     # Adaptive: a step with prompt work (a chunk in progress, or a prompt waiting for a free
     # slot) right after a decided step that drafted nothing reserves no draft room in the
     # token budget, so its prompt chunk takes the room drafts would not use; such a step
@@ -934,10 +938,13 @@ class LLMEngine:
         # gate times steps with a prompt chunk in buckets of their own (the chunk makes a
         # step slow whichever way it drafted); the cost model learns from decoding steps.
         # Held-back upkeep is the undrafted steps' debt, paid by whichever step flushes it:
-        # it leaves that step's time, and the gate prices every undrafted step that held
-        # its upkeep back at what catching one up costs on average (a smooth charge: the
-        # whole flush on one step would widen the undrafted arm's bound as much as it
-        # lowers its rate).
+        # it leaves that step's time, and the gate and the cost model price every
+        # undrafted step that held its upkeep back at what catching one up costs on
+        # average (a smooth charge: the whole flush on one step would widen the undrafted
+        # arm's bound as much as it lowers its rate). A drafted step's own upkeep is in
+        # its time; before session 46 the cost model read undrafted steps without theirs,
+        # so not drafting looked cheaper than it was (SmolLM2 at 16 requests on the
+        # 2-core CPU: about 2.6 ms of a 100 ms step, as much as drafting gained there).
         flush_ms = self._take_flush_cost()
         num_reqs, num_tokens, depth, context = self._priced_step or (0, -1, 0, 0)
         captured = self.num_captures() != captures
@@ -946,18 +953,28 @@ class LLMEngine:
             self._weigh_settling(depth)
         if num_tokens >= num_reqs > 0 and not captured:
             wall_ms = max((end - step_start) * 1e3 - flush_ms, 1e-3)
+            debt = 0.0  # its share of a catch-up when it held its upkeep back
+            if self._held_back and self.upkeep_ms_per_step is not None:
+                debt = self.upkeep_ms_per_step
             mixed = num_tokens != num_reqs
             tokens = self.stats.num_generated - generated
             if self.gate is not None:
-                gate_ms = wall_ms
-                if self._held_back and self.upkeep_ms_per_step is not None:
-                    gate_ms += self.upkeep_ms_per_step
+                gate_ms = wall_ms + debt
                 self.gate.record(num_reqs, depth > 0, tokens, gate_ms, mixed, self._overruled)
             if self._ceiling_arm is not None:
                 self.ceiling.record(self._ceiling_arm, tokens, wall_ms)
             record_step = getattr(self.verifier.cost_model, "record_step", None)
             if record_step is not None and not mixed:
-                timing = (num_reqs, num_tokens, num_drafts, depth, wall_ms, context, self.key_rows)
+                priced_ms = wall_ms + debt if self.config.upkeep_in_price else wall_ms
+                timing = (
+                    num_reqs,
+                    num_tokens,
+                    num_drafts,
+                    depth,
+                    priced_ms,
+                    context,
+                    self.key_rows,
+                )
                 # With ``normalise_speed``, the forward's time too (the step's time scale).
                 forward_ms = self.stats.forward_ms[-1] if self._normalise_speed else None
                 if self.lookahead:  # learnt while the next step's forward runs
