@@ -315,6 +315,8 @@ PANELS = [
             ("s45 ec528a5 c16", "cpu_session45_c16_ec528a5"),
             ("s45 ec528a5 c16", "cpu_session45_c16_ec528a5_run2"),
             ("s46 355dc50", "cpu_session46_mainjob_355dc50"),
+            ("s46 e208b89 c16", "cpu_session46_c16_e208b89"),
+            ("s46 e208b89 c16", "cpu_session46_c16_e208b89_run2"),
         ],
     ),
 ]

@@ -146,7 +146,9 @@ class EngineConfig:
     defer_upkeep: bool = True
     # Adaptive, with ``defer_upkeep``: the cost model prices an undrafted step that held its
     # upkeep back with its share of a catch-up, as the gate does (``LLMEngine.step``).
-    # False: at its own time alone, as before session 46 (kept to A/B it).
+    # False: at its own time alone, as before session 46 (kept to A/B it). SmolLM2 at 16
+    # requests on the 2-core CPU (session 46, two runs of four time-sliced windows):
+    # 1.000x and 0.995x False (paired 0.998, 0.999), the decisions moved, not the speed.
     upkeep_in_price: bool = True
     # Adaptive: a step with prompt work (a chunk in progress, or a prompt waiting for a free
     # slot) right after a decided step that drafted nothing reserves no draft room in the
@@ -944,7 +946,8 @@ class LLMEngine:
         # arm's bound as much as it lowers its rate). A drafted step's own upkeep is in
         # its time; before session 46 the cost model read undrafted steps without theirs,
         # so not drafting looked cheaper than it was (SmolLM2 at 16 requests on the
-        # 2-core CPU: about 2.6 ms of a 100 ms step, as much as drafting gained there).
+        # 2-core CPU: 2.0-3.3 ms an undrafted step, of steps of 130-141 ms, about what
+        # drafting gains there).
         flush_ms = self._take_flush_cost()
         num_reqs, num_tokens, depth, context = self._priced_step or (0, -1, 0, 0)
         captured = self.num_captures() != captures
