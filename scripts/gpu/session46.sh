@@ -9,6 +9,8 @@
 #                                      # 16, 1, 4, 64 (carry .gpu/prompts.npz only)
 #   bash scripts/gpu/session46.sh lo   # SmolLM2 at 1 and 4: no spec, K = 3, 4 (3 windows)
 #   bash scripts/gpu/session46.sh hi   # SmolLM2 at 256 (K = 4), 64 (K = 4, 5), 16 (K = 3, 4)
+#   VARIANT=old:upkeep_in_price=false bash scripts/gpu/session46.sh b8check
+#                                      # the 8B shape at 16 and 1 against the old pricing
 # SmolLM2's calls need the GGUF staged (`bash scripts/gpu/split_gguf.sh`; session 46: seven
 # pieces of 14 MiB, stage_piece.sh p1 .. p6 one call each) and carry .gpu/p7 .gpu/wheels
 # .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256.
@@ -28,6 +30,9 @@ case "$mode" in
     b8 s46_c1 1 "7" 8 3 200 90
     b8 s46_c4 4 "7" 16 3 200 90
     b8 s46_c64 64 "5 7" 128 2 200 140 ;;
+  b8check)  # after e208b89 (upkeep priced): run as VARIANT=old:upkeep_in_price=false
+    b8 s46_c16_upkeep 16 "7" 48 3 200 75
+    b8 s46_c1_upkeep 1 "7" 8 3 200 75 ;;
   lo)
     one s46_lo "1 4" "3 4" 3 560 ;;
   hi)
