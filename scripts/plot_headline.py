@@ -111,6 +111,9 @@ PANELS = [
             ("s46 cut", "h200/session46/b8_s46_c64", "adaptive≤7 cut"),
             ("s46 cut", "h200/session46/b8_s46_c256", "adaptive≤7 cut"),
             ("s46 cut", "h200/session46/b8_s46_c256_r3", "adaptive≤7 cut"),
+            # e208b89 (held-back upkeep priced; the cut the default): plain "adaptive≤7".
+            ("s46 e208b89", "h200/session46/b8_s46_c16_upkeep"),
+            ("s46 e208b89", "h200/session46/b8_s46_c1_upkeep"),
         ],
     ),
     (
