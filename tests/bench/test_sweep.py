@@ -775,7 +775,7 @@ def test_a_bench_stopped_by_a_signal_reports_what_it_finished(tiny, monkeypatch,
     real_measure = sweep.measure
 
     def measure(*args, **kwargs):
-        if len(measured) == 3:  # the second repeat's first run: stopped inside it
+        if len(measured) == 3:  # three runs done: stopped inside the second repeat's second
             if how == "SIGTERM":
                 os.kill(os.getpid(), signal.SIGTERM)
             raise KeyboardInterrupt
@@ -813,3 +813,14 @@ def test_a_bench_stopped_by_a_signal_reports_what_it_finished(tiny, monkeypatch,
     partial = json.loads((tmp_path / "bench.partial.json").read_text())
     assert len(partial) == 3  # every finished run stays in the partial file
     assert signal.getsignal(signal.SIGTERM) is handler  # put back as it was
+
+
+@pytest.mark.parametrize("flag", ["--fixed", "--concurrency"])
+def test_repeated_fixed_ks_or_levels_are_refused_before_the_model_loads(monkeypatch, flag):
+    """Two settings of one K (or two levels of one concurrency) would share one row's runs,
+    and a repeat would no longer pair one run of each setting."""
+    from dspark.bench import sweep
+
+    monkeypatch.setattr(sweep, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(ValueError, match=f"{flag} values must differ"):
+        sweep.main(_bench_args(flag, "1", "1"))

@@ -760,6 +760,9 @@ def main(args: argparse.Namespace) -> None:
         raise ValueError(f"--window-s must be a positive time, got {args.window_s}")
     if any(not 1 <= k <= args.k for k in args.fixed):
         raise ValueError(f"--fixed values must be in 1..{args.k} (--k)")
+    for flag, values in (("--fixed", args.fixed), ("--concurrency", args.concurrency)):
+        if len(set(values)) != len(values):  # one setting's runs would fill two rows' slots
+            raise ValueError(f"{flag} values must differ, got {values}")
     variants = checked_variants(args)  # before the model loads: bad input fails at once
     if args.slice_ms and any(name == "small_rows" for v in variants for name, _ in v.overrides):
         raise ValueError(
@@ -810,7 +813,7 @@ def main(args: argparse.Namespace) -> None:
                 f"a repeat: nothing to compare ({args.out}/bench.partial.json keeps each "
                 "finished run)"
             )
-            raise SystemExit(STOPPED_EXIT[stopped])
+            raise SystemExit(STOPPED_EXIT.get(stopped, 130))
         print(
             f"[dspark] stopped by {stopped}: the table holds the repeats every setting of "
             f"a level finished ({left_out} finished runs left out, kept in "
@@ -820,12 +823,13 @@ def main(args: argparse.Namespace) -> None:
     stop = None if stopped is None else {"by": stopped, "runs_left_out": left_out}
     report(rows, args, dtype, seen.get("drafter"), replay, stopped=stop)
     if stopped is not None:
-        raise SystemExit(STOPPED_EXIT[stopped])
+        raise SystemExit(STOPPED_EXIT.get(stopped, 130))
 
 
 STOPPED_EXIT = {"SIGINT": 130, "SIGTERM": 143}
 """``dspark bench``'s exit status when a signal stopped it (what the shell reports for a
-process those signals end), after it reported what it had finished."""
+process those signals end), after it reported what it had finished; 130 for any other
+``KeyboardInterrupt``."""
 
 
 @contextmanager
@@ -841,11 +845,12 @@ def _sigterm_stops():
     def stop(signum, frame):
         raise KeyboardInterrupt("SIGTERM")
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = signal.getsignal(signal.SIGTERM)  # None: not set from Python
     try:
+        signal.signal(signal.SIGTERM, stop)
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def finished_repeats(

@@ -274,10 +274,11 @@ class EngineConfig:
     # length 1.435 cut against 1.438 full at K = 1, 1.661 against 1.664 at K = 3, while
     # its pass took 6.8 ms cut against 12.4 at K = 1 (session 44). Lossless either way.
     # "auto" (the default): cut, on every device. On the H200 (session 46, time-sliced,
-    # paired against full in the same windows) the 8B shape at 256 requests ran 1.033x
-    # and 1.026x in two runs (its shallow steps' drafter pass 6.3 ms cut against 7.5
-    # full); every other level of both targets 0.993-1.007 (``docs/results/bench/h200/
-    # session46``). Before session 46: full on CUDA, then unmeasured there.
+    # against full in the same windows) the 8B shape at 256 requests ran 1.033x and
+    # 1.035x in two runs (paired 1.033, 1.026; its shallow steps' drafter pass 6.3 ms cut
+    # against 7.5 full); every other level of both targets 0.991-1.007 (paired
+    # 0.993-1.007; ``docs/results/bench/h200/session46``). Before session 46: full on
+    # CUDA, then unmeasured there.
     draft_block: str = "auto"
     # KV cache regions (``dspark.engine.kv_cache``): "on" gives each sequence slot a run of
     # the cache's blocks that its request fills in order, so that eager attention reads
