@@ -902,9 +902,7 @@ def test_held_back_upkeep_leaves_the_step_that_runs_it_and_prices_the_undrafted_
     target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
     engine = LLMEngine(
         target,
-        EngineConfig(
-            spec="adaptive", num_drafts=3, upkeep_in_price=in_price, lookahead=lookahead
-        ),
+        EngineConfig(spec="adaptive", num_drafts=3, upkeep_in_price=in_price, lookahead=lookahead),
         drafter=DSparkDrafter(random_drafter(target, block_size=4), 16384, 16),
         cost_model=CheapCost(2),
     )
