@@ -322,6 +322,7 @@ PANELS = [
             ("s46 e208b89 c16", "cpu_session46_c16_e208b89_run2"),
             ("s46 150d893", "cpu_session46_mainjob_150d893"),
             ("s46 150d893 c16", "cpu_session46_c16_150d893"),
+            ("s46 150d893 c16", "cpu_session46_c16_150d893_w8"),
         ],
     ),
 ]
