@@ -147,8 +147,9 @@ class EngineConfig:
     # Adaptive, with ``defer_upkeep``: the cost model prices an undrafted step that held its
     # upkeep back with its share of a catch-up, as the gate does (``LLMEngine.step``).
     # False: at its own time alone, as before session 46 (kept to A/B it). SmolLM2 at 16
-    # requests on the 2-core CPU (session 46, two runs of four time-sliced windows):
-    # 1.000x and 0.995x False (paired 0.998, 0.999), the decisions moved, not the speed.
+    # requests on the 2-core CPU (session 46, two runs of four time-sliced windows): True
+    # ran 1.000x and 0.995x False (paired 0.998, 0.999): the decisions moved, not the
+    # speed.
     upkeep_in_price: bool = True
     # Adaptive: a step with prompt work (a chunk in progress, or a prompt waiting for a free
     # slot) right after a decided step that drafted nothing reserves no draft room in the
