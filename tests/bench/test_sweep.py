@@ -679,13 +679,9 @@ def test_a_small_rows_variant_is_refused_time_sliced_before_the_model_loads(monk
         sweep.main(args)
 
 
-def test_the_step_log_holds_every_measured_step_of_every_window(tiny, monkeypatch, tmp_path):
-    """``--step-log``: steps.json has one entry per setting and window, and its steps'
-    emitted tokens are the tokens that window measured (warm-up and priming left out)."""
-    import json
-
-    from dspark.bench import sweep
-
+def _plain_engines_on_short_prompts(monkeypatch, sweep, tiny) -> None:
+    """Every setting's engine a plain one on ``tiny``, and three-token prompts: a bench
+    run in a few milliseconds, for tests of its bookkeeping."""
     monkeypatch.setattr(
         sweep,
         "engine_for",
@@ -694,6 +690,16 @@ def test_the_step_log_holds_every_measured_step_of_every_window(tiny, monkeypatc
         ),
     )
     monkeypatch.setattr(sweep, "bench_prompts", lambda tok, args, n: [[5, 6, i] for i in range(n)])
+
+
+def test_the_step_log_holds_every_measured_step_of_every_window(tiny, monkeypatch, tmp_path):
+    """``--step-log``: steps.json has one entry per setting and window, and its steps'
+    emitted tokens are the tokens that window measured (warm-up and priming left out)."""
+    import json
+
+    from dspark.bench import sweep
+
+    _plain_engines_on_short_prompts(monkeypatch, sweep, tiny)
     args = sweep.resolve_defaults(
         _bench_args(
             "--out",
@@ -762,14 +768,7 @@ def test_a_bench_stopped_by_a_signal_reports_what_it_finished(tiny, monkeypatch,
     from dspark.bench import sweep
 
     monkeypatch.setattr(sweep, "load_model", lambda *a, **k: tiny)
-    monkeypatch.setattr(
-        sweep,
-        "engine_for",
-        lambda loaded, setting, concurrency, args, replay=None: LLMEngine(
-            tiny, EngineConfig(max_num_seqs=concurrency)
-        ),
-    )
-    monkeypatch.setattr(sweep, "bench_prompts", lambda tok, args, n: [[5, 6, i] for i in range(n)])
+    _plain_engines_on_short_prompts(monkeypatch, sweep, tiny)
     handler = signal.getsignal(signal.SIGTERM)
     measured = []
     real_measure = sweep.measure

@@ -802,8 +802,8 @@ def main(args: argparse.Namespace) -> None:
     try:
         with _sigterm_stops():
             run(args, loaded, tokenizer, settings, params, replay, runs, steps, seen)
-    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (``_sigterm_stops``)
-        stopped = str(stop) or "SIGINT"
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (``_sigterm_stops``)
+        stopped = str(interrupt) or "SIGINT"
     left_out = 0
     if stopped is not None:
         runs, left_out = finished_repeats(runs, [setting.label for setting in settings])
@@ -820,8 +820,8 @@ def main(args: argparse.Namespace) -> None:
             f"{args.out}/bench.partial.json)"
         )
     rows = [summarise(measurements) for measurements in runs.values()]
-    stop = None if stopped is None else {"by": stopped, "runs_left_out": left_out}
-    report(rows, args, dtype, seen.get("drafter"), replay, stopped=stop)
+    record = None if stopped is None else {"by": stopped, "runs_left_out": left_out}
+    report(rows, args, dtype, seen.get("drafter"), replay, stopped=record)
     if stopped is not None:
         raise SystemExit(STOPPED_EXIT.get(stopped, 130))
 
