@@ -1,0 +1,54 @@
+# Session 47 GPU calls: the final code (the drafter's block cut to each depth by default on
+# every device, f2f6b12; held-back upkeep priced, e208b89) on both targets, adaptive at
+# its defaults against no speculation and the fixed K that led in session 46, with no
+# variant. SmolLM2 takes no speculation at every level (session 46 ran it at 1 and 4
+# only). Greedy, time-sliced and step-logged as in sessions 43 and 46. Each call packs its
+# results into one $OUT/results.tgz.
+#   bash scripts/gpu/session47.sh hi   # SmolLM2 at 256 (K = 4), 64 (K = 4, 5), 16 (K = 3, 4)
+#   bash scripts/gpu/session47.sh lo   # SmolLM2 at 1 and 4 (K = 3, 4)
+#   bash scripts/gpu/session47.sh b8   # the Llama-3-8B shape, acceptance REPLAYED, at 256,
+#                                      # 16, 1, 4, 64 (carry .gpu/prompts.npz only)
+# SmolLM2's calls need the GGUF staged as in session 46 (`bash scripts/gpu/split_gguf.sh`,
+# then `bash scripts/gpu/stage_piece.sh p1` .. `p6`, one call each, back to back) and carry
+# .gpu/p7 .gpu/wheels .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256.
+set +e +o pipefail
+OUT=${OUT:-/tmp/out}
+mode=$1
+source scripts/gpu/session31.sh none  # its bench (SmolLM2, into $OUT/TAG), stage_model
+case "$mode" in
+  lo|hi) stage_model ;;  # joins the staged GGUF (and puts the gguf wheel on PYTHONPATH)
+esac
+smol() {  # TAG LEVELS FIXED REPEATS LIMIT: no speculation, fixed K, adaptive
+  local tag=$1 levels=$2 fixed=$3 repeats=$4 limit=$5
+  bench "$limit" "$tag" 16 128 "$repeats" --fixed $fixed --concurrency $levels \
+    --slice-ms 200 --window-s 4 --step-log
+  rm -f "$OUT"/*/*profile*.json
+  if [ -f "$OUT/$tag/steps.json" ]; then
+    python3 scripts/step_log.py "$OUT/$tag/steps.json" K=4 > "$OUT/$tag/step_log.txt" 2>&1
+    gzip -f "$OUT/$tag/steps.json"
+  fi
+}
+b8() {  # TAG LEVEL FIXED REQUESTS REPEATS SLICE LIMIT: the 8B shape, acceptance REPLAYED
+  TAG=$1 LEVEL=$2 FIXED="$3" REQUESTS=$4 REPEATS=$5 VARIANTS="" \
+    BASELINE="--no-baseline --slice-ms $6 --window-s 3 --step-log" LIMIT=$7 \
+    bash scripts/gpu/session34.sh
+  [ -f "$OUT/b8_$1/steps.json" ] && gzip -f "$OUT/b8_$1/steps.json"
+}
+start=$(date +%s)
+case "$mode" in
+  hi)
+    smol s47_256 256 4 3 190
+    smol s47_64 64 "4 5" 2 150
+    smol s47_16 16 "3 4" 3 190 ;;
+  lo)
+    smol s47_lo "1 4" "3 4" 3 540 ;;
+  b8)
+    b8 s47_c256 256 "5 7" 512 2 300 150
+    b8 s47_c16 16 "7" 48 3 200 100
+    b8 s47_c1 1 "7" 8 3 200 90
+    b8 s47_c4 4 "7" 16 3 200 90
+    b8 s47_c64 64 "5 7" 128 2 200 130 ;;
+esac
+echo "session47 $mode: $(( $(date +%s) - start )) s"
+cd "$OUT" && tar czf /tmp/results.tgz . && rm -rf ./* && mv /tmp/results.tgz "$OUT/" && ls -la "$OUT"
+true
