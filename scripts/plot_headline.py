@@ -114,6 +114,12 @@ PANELS = [
             # e208b89 (held-back upkeep priced; the cut the default): plain "adaptive≤7".
             ("s46 e208b89", "h200/session46/b8_s46_c16_upkeep"),
             ("s46 e208b89", "h200/session46/b8_s46_c1_upkeep"),
+            # Session 47 (6a287a5's code, the final engine): plain "adaptive≤7".
+            ("s47 6a287a5", "h200/session47/b8_s47_c1"),
+            ("s47 6a287a5", "h200/session47/b8_s47_c4"),
+            ("s47 6a287a5", "h200/session47/b8_s47_c16"),
+            ("s47 6a287a5", "h200/session47/b8_s47_c64"),
+            ("s47 6a287a5", "h200/session47/b8_s47_c256"),
         ],
     ),
     (
@@ -214,6 +220,17 @@ PANELS = [
             ("s46 cut", "h200/session46/s46_16", "adaptive≤7 cut"),
             ("s46 cut", "h200/session46/s46_64", "adaptive≤7 cut"),
             ("s46 cut", "h200/session46/s46_256", "adaptive≤7 cut"),
+            # Session 47 (6a287a5's code, the final engine): plain "adaptive≤7", no
+            # speculation at every level in the first runs; 64 and 256 again beside the old
+            # pricing (upkeep_in_price=false, a variant, left out here).
+            ("s47 6a287a5", "h200/session47/s47_lo"),
+            ("s47 6a287a5", "h200/session47/s47_16"),
+            ("s47 6a287a5", "h200/session47/s47_64"),
+            ("s47 6a287a5", "h200/session47/s47_64b"),
+            ("s47 6a287a5", "h200/session47/s47_64c"),
+            ("s47 6a287a5", "h200/session47/s47_64d"),
+            ("s47 6a287a5", "h200/session47/s47_256"),
+            ("s47 6a287a5", "h200/session47/s47_256c"),
         ],
     ),
     (
@@ -389,19 +406,19 @@ def bench_rows(path: Path) -> list[dict]:
 # machine; session 36's sweep, 78810c0, is in docs/results/bench/h200/session36/):
 # (folder, the row of adaptive at the defaults), drawn as "adaptive≤7" with the run's
 # other adaptive rows left out.
-SWEEP_8B = [  # session 46, ec528a5, "cut" (session 43's: h200/session43/b8_s43_c*)
-    ("h200/session46/b8_s46_c1", "adaptive≤7 cut"),
-    ("h200/session46/b8_s46_c4", "adaptive≤7 cut"),
-    ("h200/session46/b8_s46_c16", "adaptive≤7 cut"),
-    ("h200/session46/b8_s46_c64", "adaptive≤7 cut"),
-    ("h200/session46/b8_s46_c256_r3", "adaptive≤7 cut"),
+SWEEP_8B = [  # session 47, 6a287a5, the final engine (session 46's: h200/session46/b8_s46_c*)
+    ("h200/session47/b8_s47_c1", "adaptive≤7"),
+    ("h200/session47/b8_s47_c4", "adaptive≤7"),
+    ("h200/session47/b8_s47_c16", "adaptive≤7"),
+    ("h200/session47/b8_s47_c64", "adaptive≤7"),
+    ("h200/session47/b8_s47_c256", "adaptive≤7"),
 ]
 
-SWEEP_SMOLLM2 = [  # session 46, ec528a5, "cut": 1 and 4 (with no speculation) from one run
-    ("h200/session46/s46_lo", "adaptive≤7 cut"),
-    ("h200/session46/s46_16", "adaptive≤7 cut"),
-    ("h200/session46/s46_64", "adaptive≤7 cut"),
-    ("h200/session46/s46_256", "adaptive≤7 cut"),
+SWEEP_SMOLLM2 = [  # session 47, 6a287a5: every level's first run, each with no speculation
+    ("h200/session47/s47_lo", "adaptive≤7"),
+    ("h200/session47/s47_16", "adaptive≤7"),
+    ("h200/session47/s47_64", "adaptive≤7"),
+    ("h200/session47/s47_256", "adaptive≤7"),
 ]
 
 
@@ -433,12 +450,12 @@ def plot_merged_sweep(folders: list[tuple[str, str]], out: Path, title: str) -> 
 def main() -> None:
     plot_merged_sweep(
         SWEEP_8B,
-        RESULTS / "h200" / "session46" / "b8_levels.png",
+        RESULTS / "h200" / "session47" / "b8_levels.png",
         "H200, Llama-3-8B shape, acceptance REPLAYED; fixed Ks as run at each level",
     )
     plot_merged_sweep(
         SWEEP_SMOLLM2,
-        RESULTS / "h200" / "session46" / "smollm2_levels.png",
+        RESULTS / "h200" / "session47" / "smollm2_levels.png",
         "H200, SmolLM2-135M + shipped drafter; fixed Ks as run at each level",
     )
     import matplotlib

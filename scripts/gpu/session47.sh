@@ -8,6 +8,12 @@
 #   bash scripts/gpu/session47.sh lo   # SmolLM2 at 1 and 4 (K = 3, 4)
 #   bash scripts/gpu/session47.sh b8   # the Llama-3-8B shape, acceptance REPLAYED, at 256,
 #                                      # 16, 1, 4, 64 (carry .gpu/prompts.npz only)
+# As session 47 ran them (after hi and lo; the same b8 levels in two calls, and SmolLM2
+# at 64 and 256 again against the old pricing, `upkeep_in_price=false`, as a variant):
+#   bash scripts/gpu/session47.sh ab64b8hi   # s47_64b, then b8 at 256 and 64 (199 s)
+#   bash scripts/gpu/session47.sh b8lo       # b8 at 16, 1 and 4 (125 s)
+#   bash scripts/gpu/session47.sh ab         # s47_64c, s47_256c (167 s)
+#   bash scripts/gpu/session47.sh ab64d      # s47_64d, no step log (79 s)
 # SmolLM2's calls need the GGUF staged as in session 46 (`bash scripts/gpu/split_gguf.sh`,
 # then `bash scripts/gpu/stage_piece.sh p1` .. `p6`, one call each, back to back) and carry
 # .gpu/p7 .gpu/wheels .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256.
@@ -16,12 +22,22 @@ OUT=${OUT:-/tmp/out}
 mode=$1
 source scripts/gpu/session31.sh none  # its bench (SmolLM2, into $OUT/TAG), stage_model
 case "$mode" in
-  lo|hi) stage_model ;;  # joins the staged GGUF (and puts the gguf wheel on PYTHONPATH)
+  lo|hi|ab64b8hi|ab|ab64d) stage_model ;;  # joins the staged GGUF (and puts the gguf wheel on PYTHONPATH)
 esac
 smol() {  # TAG LEVELS FIXED REPEATS LIMIT: no speculation, fixed K, adaptive
   local tag=$1 levels=$2 fixed=$3 repeats=$4 limit=$5
   bench "$limit" "$tag" 16 128 "$repeats" --fixed $fixed --concurrency $levels \
     --slice-ms 200 --window-s 4 --step-log
+  rm -f "$OUT"/*/*profile*.json
+  if [ -f "$OUT/$tag/steps.json" ]; then
+    python3 scripts/step_log.py "$OUT/$tag/steps.json" K=4 > "$OUT/$tag/step_log.txt" 2>&1
+    gzip -f "$OUT/$tag/steps.json"
+  fi
+}
+ab() {  # TAG LEVEL LIMIT [more bench args]: K = 4, adaptive and the old pricing
+  local tag=$1 c=$2 limit=$3; shift 3
+  bench "$limit" "$tag" "$c" $((c > 128 ? 256 : 128)) 3 --fixed 4 --concurrency "$c" \
+    --slice-ms 200 --window-s 4 --no-baseline --variant old:upkeep_in_price=false "$@"
   rm -f "$OUT"/*/*profile*.json
   if [ -f "$OUT/$tag/steps.json" ]; then
     python3 scripts/step_log.py "$OUT/$tag/steps.json" K=4 > "$OUT/$tag/step_log.txt" 2>&1
@@ -48,6 +64,19 @@ case "$mode" in
     b8 s47_c1 1 "7" 8 3 200 90
     b8 s47_c4 4 "7" 16 3 200 90
     b8 s47_c64 64 "5 7" 128 2 200 130 ;;
+  ab64b8hi)
+    ab s47_64b 64 170 --step-log
+    b8 s47_c256 256 "5 7" 512 2 300 150
+    b8 s47_c64 64 "5 7" 128 2 200 130 ;;
+  b8lo)
+    b8 s47_c16 16 "7" 48 3 200 100
+    b8 s47_c1 1 "7" 8 3 200 90
+    b8 s47_c4 4 "7" 16 3 200 90 ;;
+  ab)
+    ab s47_64c 64 150 --step-log
+    ab s47_256c 256 150 --step-log ;;
+  ab64d)
+    ab s47_64d 64 120 ;;
 esac
 echo "session47 $mode: $(( $(date +%s) - start )) s"
 cd "$OUT" && tar czf /tmp/results.tgz . && rm -rf ./* && mv /tmp/results.tgz "$OUT/" && ls -la "$OUT"
