@@ -14,6 +14,9 @@
 #   bash scripts/gpu/session47.sh b8lo       # b8 at 16, 1 and 4 (125 s)
 #   bash scripts/gpu/session47.sh ab         # s47_64c, s47_256c (167 s)
 #   bash scripts/gpu/session47.sh ab64d      # s47_64d, no step log (79 s)
+# Not run yet (written after the lease): `settle_depth=measured` (the settled depth by the
+# measured tokens per ms of earlier settled stretches) as a variant at 64, 256 and 16:
+#   bash scripts/gpu/session47.sh md         # md_64, md_256, md_16 (about 300 s)
 # SmolLM2's calls need the GGUF staged as in session 46 (`bash scripts/gpu/split_gguf.sh`,
 # then `bash scripts/gpu/stage_piece.sh p1` .. `p6`, one call each, back to back) and carry
 # .gpu/p7 .gpu/wheels .gpu/prompts.npz .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.sha256.
@@ -22,7 +25,7 @@ OUT=${OUT:-/tmp/out}
 mode=$1
 source scripts/gpu/session31.sh none  # its bench (SmolLM2, into $OUT/TAG), stage_model
 case "$mode" in
-  lo|hi|ab64b8hi|ab|ab64d) stage_model ;;  # joins the staged GGUF (and puts the gguf wheel on PYTHONPATH)
+  lo|hi|ab64b8hi|ab|ab64d|md) stage_model ;;  # the staged GGUF joined, gguf on PYTHONPATH
 esac
 smol() {  # TAG LEVELS FIXED REPEATS LIMIT: no speculation, fixed K, adaptive
   local tag=$1 levels=$2 fixed=$3 repeats=$4 limit=$5
@@ -34,10 +37,11 @@ smol() {  # TAG LEVELS FIXED REPEATS LIMIT: no speculation, fixed K, adaptive
     gzip -f "$OUT/$tag/steps.json"
   fi
 }
-ab() {  # TAG LEVEL LIMIT [more bench args]: K = 4, adaptive and the old pricing
-  local tag=$1 c=$2 limit=$3; shift 3
+ab() {  # TAG LEVEL LIMIT [more bench args]: K = 4, adaptive and a variant (AB_VARIANT;
+  local tag=$1 c=$2 limit=$3; shift 3  # the old pricing by default)
   bench "$limit" "$tag" "$c" $((c > 128 ? 256 : 128)) 3 --fixed 4 --concurrency "$c" \
-    --slice-ms 200 --window-s 4 --no-baseline --variant old:upkeep_in_price=false "$@"
+    --slice-ms 200 --window-s 4 --no-baseline \
+    --variant "${AB_VARIANT:-old:upkeep_in_price=false}" "$@"
   rm -f "$OUT"/*/*profile*.json
   if [ -f "$OUT/$tag/steps.json" ]; then
     python3 scripts/step_log.py "$OUT/$tag/steps.json" K=4 > "$OUT/$tag/step_log.txt" 2>&1
@@ -77,6 +81,11 @@ case "$mode" in
     ab s47_256c 256 150 --step-log ;;
   ab64d)
     ab s47_64d 64 120 ;;
+  md)
+    export AB_VARIANT=md:settle_depth=measured
+    ab md_64 64 150 --step-log
+    ab md_256 256 150 --step-log
+    ab md_16 16 130 --step-log ;;
 esac
 echo "session47 $mode: $(( $(date +%s) - start )) s"
 cd "$OUT" && tar czf /tmp/results.tgz . && rm -rf ./* && mv /tmp/results.tgz "$OUT/" && ls -la "$OUT"

@@ -256,15 +256,30 @@ def restless_ceiling(k):
     return Counting(k, window=4, min_steps=2, explore_every=2, confidence=0.0, reopen_after=2)
 
 
-@pytest.mark.parametrize(("lookahead", "forced"), [("off", None), ("on", None), ("on", 2)])
-def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead, forced):
+@pytest.mark.parametrize(
+    ("lookahead", "forced", "settle_depth"),
+    [
+        ("off", None, "median"),
+        ("on", None, "median"),
+        ("on", 2, "median"),
+        ("on", None, "measured"),
+    ],
+)
+def test_greedy_speculation_settled_equals_plain_greedy(
+    tmp_path, monkeypatch, lookahead, forced, settle_depth
+):
     """``EngineConfig.settle``: with drafts priced nearly free (``CheapCost``) the cuts
     buy less than scheduling costs, so the engine settles; its settled steps draft the
     settled depth (less only where a request's length limit is lower; ``forced``: every
     stretch settled at that depth instead of the window's, K = 5), verify every draft
     and schedule nothing, one step in ``SETTLE_STEPS + 1`` decides again, every verified
     round's outcome reaches the verifier (the one before a stretch waits through it),
-    a stretch's last step records its round, and greedy output is plain greedy's."""
+    a stretch's last step records its round, and greedy output is plain greedy's.
+    ``settle_depth="measured"``: every timed settled step's tokens are kept, under the
+    depth its stretch drafted (every stretch kept here, not only the latest few)."""
+    import dspark.engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "SETTLE_RECORDS", 10_000)
     from dspark.engine.drafter import DSparkDrafter
     from dspark.engine.engine import SETTLE_STEPS, SETTLE_WINDOW, STEP_FIELDS
     from tests.models.test_drafter import random_drafter
@@ -281,6 +296,7 @@ def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead, for
         lookahead=lookahead,
         calibrate_survival=True,
         settle="on",
+        settle_depth=settle_depth,
     )
     engine = LLMEngine(
         target, config, drafter=DSparkDrafter(drafter, 16384, 16), cost_model=CheapCost(0)
@@ -360,6 +376,17 @@ def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead, for
     # Every outcome made was recorded, but for one still waiting at the end.
     assert outcomes["made"] > stats.settles
     assert outcomes["recorded"] + (engine._outcome is not None) == outcomes["made"]
+    kept = [(d, *record) for d, records in engine._stretches.items() for record in records]
+    if settle_depth == "median":
+        assert not kept and engine._stretch == [0, 0.0]
+    else:
+        # Every timed settled step's tokens, kept under its stretch's depth (or in the
+        # stretch still open at the end), at the batch size its window was weighed at.
+        timed = [r for r in settled if not r["captured"]]
+        assert sum(k[2] for k in kept) + engine._stretch[0] == sum(r["emitted"] for r in timed)
+        assert {k[0] for k in kept} <= {r["depth"] for r in settled}
+        assert all(2 <= k[1] <= 4 and k[3] > 0.0 for k in kept)
+        assert len(kept) >= stats.settles - 1
     # "auto" by default, which is off on a CPU; only "auto", "on" or "off".
     _, plain_adaptive = run(
         target,
@@ -374,6 +401,9 @@ def test_greedy_speculation_settled_equals_plain_greedy(tmp_path, lookahead, for
     assert EngineConfig().settle == "auto"
     with pytest.raises(ValueError, match="settle"):
         EngineConfig(settle="sometimes")
+    assert EngineConfig().settle_depth == "median"
+    with pytest.raises(ValueError, match="settle_depth must be 'median' or 'measured'"):
+        EngineConfig(settle_depth="deepest")
     with pytest.raises(ValueError, match="draft_block must be 'auto', 'full' or 'cut'"):
         EngineConfig(draft_block="half")
 
@@ -1196,3 +1226,51 @@ def test_the_gate_at_one_request_takes_the_configured_window_and_veto_width(tiny
         EngineConfig(gate_alone_confidence=-1.0)
     with pytest.raises(ValueError, match="gate_alone_window"):
         EngineConfig(gate_alone_window=0)
+
+
+def test_measured_settle_depth_picks_the_window_depth_of_the_best_stretch_rate():
+    """``EngineConfig.settle_depth="measured"``: hand-computed choices. The median stands
+    until it has stretches at a batch of half to twice the window's; then the window's
+    depth whose stretches emitted the most tokens a request per ms wins (pooled over its
+    stretches); depths outside the window and stretches at other batch sizes do not
+    count."""
+    from collections import deque
+
+    from dspark.engine.engine import measured_settle_depth
+
+    window = [2, 2, 2, 6, 6, 2, 6, 3]
+    # (requests weighed at, tokens, ms), in tokens a request per ms: depth 2 950 / 64 /
+    # 100 = 0.1484, 6 1080 / 60 / 100 = 0.18, 3 1040 / 64 / 100 = 0.1625.
+    stretches = {
+        2: deque([(64, 950, 100.0)]),
+        6: deque([(60, 1080, 100.0)]),
+        3: deque([(64, 1040, 100.0)]),
+        4: deque([(64, 2000, 100.0)]),  # not a depth of the window
+    }
+    assert measured_settle_depth(window, 2, stretches, 64) == 6
+    # Unmeasured median: tried first, whatever the others measured.
+    assert measured_settle_depth(window, 2, {6: stretches[6]}, 64) == 2
+    # The median at its best: it stays (ties too).
+    assert measured_settle_depth(window, 6, stretches, 64) == 6
+    level = {2: deque([(8, 10, 1.0)]), 3: deque([(8, 10, 1.0)])}
+    assert measured_settle_depth([2, 3], 2, level, 8) == 2
+    # Pooled: depth 6's two stretches give (1080 + 900) / 64 / (100 + 100) = 0.1547 >
+    # 0.1484 (and depth 3's 0.1625 beats that, with it in the table).
+    pooled = {2: stretches[2], 6: deque([(64, 1080, 100.0), (64, 900, 100.0)])}
+    assert measured_settle_depth(window, 2, pooled, 64) == 6
+    assert measured_settle_depth(window, 2, {**pooled, 3: stretches[3]}, 64) == 3
+    # ... and (1080 + 800) / 64 / 200 = 0.1469 < 0.1484: the median stays.
+    pooled[6] = deque([(64, 1080, 100.0), (64, 800, 100.0)])
+    assert measured_settle_depth(window, 2, pooled, 64) == 2
+    # A request's tokens, not the batch's: depth 2 at 32 requests, 1000 / 32 / 100 =
+    # 0.3125, beats depth 6 at 64, 1500 / 64 / 100 = 0.234 (10 against 15 tokens a ms).
+    sizes = {2: deque([(32, 1000, 100.0)]), 6: deque([(64, 1500, 100.0)])}
+    assert measured_settle_depth(window, 2, sizes, 48) == 2
+    assert measured_settle_depth(window, 6, sizes, 48) == 2
+    # Stretches weighed at a batch outside half to twice the window's do not count: at
+    # 16 requests only depth 2's 32 is near (6 has no rate there); at 129 depth 2's is
+    # not (the median unmeasured: it stands).
+    assert measured_settle_depth(window, 6, sizes, 16) == 6
+    assert measured_settle_depth(window, 2, sizes, 16) == 2
+    assert measured_settle_depth(window, 2, sizes, 129) == 2
+    assert measured_settle_depth(window, 6, sizes, 128) == 6

@@ -132,6 +132,17 @@ class EngineConfig:
     # 1.016-1.031 at 16, 1.012-1.028 at 64, 1.025 at 1; at 256 it seldom settles (0.990,
     # and one run whose learnt prices drafted 1 deep, 0.935); the 8B shape 0.994-1.014.
     settle: str = "auto"
+    # Adaptive, with ``settle``: the depth a settled stretch drafts. "median" (the
+    # default): the lower median of the depths the window's decided steps chose.
+    # "measured": of the window's depths, the one whose earlier settled stretches, at a
+    # batch of half to twice the window's, emitted the most tokens a request per ms; the
+    # lower median while that has no such stretch (so each depth is first tried as the
+    # median; ``measured_settle_depth``). Session 47, SmolLM2 on an H200 at 64 requests:
+    # stretches settled 2 deep emitted 11-13% fewer tokens a ms than K = 4's steps, and
+    # the run that settled 2-3 deep on a third of its steps ran 0.970x K = 4, against
+    # 0.987x and 1.005x in runs that seldom or never did. "measured" is not yet measured
+    # on a GPU.
+    settle_depth: str = "median"
     # Adaptive: also decide whether to draft at all from measured tokens per ms of
     # drafted and undrafted steps (``dspark.scheduling.gate``), on top of the cost model.
     throughput_gate: bool = True
@@ -349,6 +360,10 @@ class EngineConfig:
             )
         if self.settle not in ("auto", "on", "off"):
             raise ValueError(f"settle must be 'auto', 'on' or 'off', got {self.settle!r}")
+        if self.settle_depth not in ("median", "measured"):
+            raise ValueError(
+                f"settle_depth must be 'median' or 'measured', got {self.settle_depth!r}"
+            )
         if self.allocation not in ("auto", "host", "device"):
             raise ValueError(
                 f"allocation must be 'auto', 'host' or 'device', got {self.allocation!r}"
@@ -407,6 +422,44 @@ drafted; their cuts' priced savings against their scheduling's host time)."""
 SETTLE_STEPS = 32
 """``EngineConfig.settle``: drafting steps run at the settled depth, undecided, before one
 decides again."""
+
+SETTLE_RECORDS = 4
+"""``EngineConfig.settle_depth="measured"``: the latest settled stretches kept per depth."""
+
+
+def measured_settle_depth(
+    depths: list[int],
+    median: int,
+    stretches: dict[int, deque],
+    num_reqs: float,
+) -> int:
+    """``EngineConfig.settle_depth="measured"``: the depth to settle at, of ``depths``
+    (the window's decided depths; ``median`` their lower median). ``stretches`` maps a
+    depth to its settled stretches as (decoding requests the stretch was weighed at,
+    tokens emitted, ms of its timed steps). A depth's rate is over its stretches weighed
+    at half to twice ``num_reqs``: their tokens a request (a batch twice as large emits
+    about twice the tokens in a step of about the same time on a launch-bound target)
+    over their ms. The median stands while it has no rate (it is tried first); else the
+    window's depth of the highest rate, the median on ties."""
+
+    def rate(depth: int) -> float | None:
+        near = [
+            (tokens / reqs, ms)
+            for reqs, tokens, ms in stretches.get(depth, ())
+            if num_reqs / 2 <= reqs <= 2 * num_reqs
+        ]
+        total_ms = sum(ms for _, ms in near)
+        return sum(tokens for tokens, _ in near) / total_ms if total_ms > 0.0 else None
+
+    best_rate = rate(median)
+    if best_rate is None:
+        return median
+    best = median
+    for depth in sorted(set(depths)):
+        depth_rate = rate(depth)
+        if depth_rate is not None and depth_rate > best_rate:
+            best, best_rate = depth, depth_rate
+    return best
 
 
 @dataclass
@@ -709,6 +762,11 @@ class LLMEngine:
         # settled depth and the drafting steps left to run at it; whether this step runs
         # at it, and its cut.
         self._settles = settle == "on"
+        # ``EngineConfig.settle_depth="measured"``: per depth, its latest settled
+        # stretches (``measured_settle_depth``), and the running stretch's tokens and ms.
+        self._measures_settling = self._settles and config.settle_depth == "measured"
+        self._stretches: dict[int, deque] = {}
+        self._stretch = [0, 0.0]
         # ``EngineConfig.hold_draft_room``: whether steps may hold their draft room back,
         # the depth the latest decided step took (None: none decided yet), whether this
         # step holds it back and how many did in a row.
@@ -954,6 +1012,11 @@ class LLMEngine:
         num_reqs, num_tokens, depth, context = self._priced_step or (0, -1, 0, 0)
         captured = self.num_captures() != captures
         num_drafts = sum(len(extra) for extra in drafts)  # verified this step
+        if self._coasting and self._measures_settling and not captured:
+            # A settled step is not priced (no ``_priced_step``): timed here, for its
+            # stretch (``EngineConfig.settle_depth``).
+            self._stretch[0] += self.stats.num_generated - generated
+            self._stretch[1] += max((end - step_start) * 1e3 - flush_ms, 1e-3)
         if self._settles and self._priced_step is not None:
             self._weigh_settling(depth)
         if num_tokens >= num_reqs > 0 and not captured:
@@ -1258,8 +1321,20 @@ class LLMEngine:
     def _unsettle(self) -> None:
         """``EngineConfig.settle``: end a settled stretch and forget the window (it was
         weighed for a batch that is gone, or decided not to draft)."""
+        if self._measures_settling:
+            self._close_stretch()
         self._settled_left = 0
         self._settle_log.clear()
+
+    def _close_stretch(self) -> None:
+        """``EngineConfig.settle_depth="measured"``: keep the settled stretch that ran
+        last (its timed steps' tokens and ms), under its depth and the batch size it was
+        weighed at."""
+        tokens, ms = self._stretch
+        if ms > 0.0:
+            kept = self._stretches.setdefault(self._settled_depth, deque(maxlen=SETTLE_RECORDS))
+            kept.append((self._settled_reqs, tokens, ms))
+        self._stretch = [0, 0.0]
 
     def _plan_while_drafting(self, batch: _Batch, limits: np.ndarray):
         """Adaptive, on a device: the step's budget, while the drafter's passes run
@@ -1757,8 +1832,13 @@ class LLMEngine:
                     bought += abs(price(entry_reqs, entry_depth) - price(entry_reqs, settled))
             if bought >= host:
                 return
+        num_decoding = statistics.median(entry[2] for entry in log)
+        if self._measures_settling:
+            self._close_stretch()
+            depths = [entry[0] for entry in log]
+            settled = measured_settle_depth(depths, settled, self._stretches, num_decoding)
         self._settled_depth = settled
-        self._settled_reqs = statistics.median(entry[2] for entry in log)
+        self._settled_reqs = num_decoding
         self._settled_left = SETTLE_STEPS
         self.stats.settles += 1
 
