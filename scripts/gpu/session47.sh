@@ -27,26 +27,25 @@ source scripts/gpu/session31.sh none  # its bench (SmolLM2, into $OUT/TAG), stag
 case "$mode" in
   lo|hi|ab64b8hi|ab|ab64d|md) stage_model ;;  # the staged GGUF joined, gguf on PYTHONPATH
 esac
+summarise() {  # TAG: drop profiles; the step log summed against K = 4, then compressed
+  rm -f "$OUT"/*/*profile*.json
+  if [ -f "$OUT/$1/steps.json" ]; then
+    python3 scripts/step_log.py "$OUT/$1/steps.json" K=4 > "$OUT/$1/step_log.txt" 2>&1
+    gzip -f "$OUT/$1/steps.json"
+  fi
+}
 smol() {  # TAG LEVELS FIXED REPEATS LIMIT: no speculation, fixed K, adaptive
   local tag=$1 levels=$2 fixed=$3 repeats=$4 limit=$5
   bench "$limit" "$tag" 16 128 "$repeats" --fixed $fixed --concurrency $levels \
     --slice-ms 200 --window-s 4 --step-log
-  rm -f "$OUT"/*/*profile*.json
-  if [ -f "$OUT/$tag/steps.json" ]; then
-    python3 scripts/step_log.py "$OUT/$tag/steps.json" K=4 > "$OUT/$tag/step_log.txt" 2>&1
-    gzip -f "$OUT/$tag/steps.json"
-  fi
+  summarise "$tag"
 }
 ab() {  # TAG LEVEL LIMIT [more bench args]: K = 4, adaptive and a variant (AB_VARIANT;
   local tag=$1 c=$2 limit=$3; shift 3  # the old pricing by default)
   bench "$limit" "$tag" "$c" $((c > 128 ? 256 : 128)) 3 --fixed 4 --concurrency "$c" \
     --slice-ms 200 --window-s 4 --no-baseline \
     --variant "${AB_VARIANT:-old:upkeep_in_price=false}" "$@"
-  rm -f "$OUT"/*/*profile*.json
-  if [ -f "$OUT/$tag/steps.json" ]; then
-    python3 scripts/step_log.py "$OUT/$tag/steps.json" K=4 > "$OUT/$tag/step_log.txt" 2>&1
-    gzip -f "$OUT/$tag/steps.json"
-  fi
+  summarise "$tag"
 }
 b8() {  # TAG LEVEL FIXED REQUESTS REPEATS SLICE LIMIT: the 8B shape, acceptance REPLAYED
   TAG=$1 LEVEL=$2 FIXED="$3" REQUESTS=$4 REPEATS=$5 VARIANTS="" \
