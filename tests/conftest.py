@@ -87,3 +87,15 @@ def smollm2():
         return load_model()
     except FileNotFoundError as error:
         pytest.skip(str(error))
+
+
+def engine_config(**fields):
+    """An ``EngineConfig`` from flat keyword arguments: ``AdaptiveConfig``'s fields go to
+    its ``adaptive`` settings, the others to the engine's."""
+    from dataclasses import fields as fields_of
+
+    from dspark.engine.config import AdaptiveConfig, EngineConfig
+
+    names = {f.name for f in fields_of(AdaptiveConfig)}
+    adaptive = {k: fields.pop(k) for k in list(fields) if k in names}
+    return EngineConfig(**fields, adaptive=AdaptiveConfig(**adaptive))

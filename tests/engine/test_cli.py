@@ -41,7 +41,8 @@ def test_generate_reports_bad_input_as_an_error(smollm2):
 
 
 def test_profile_round_trip(tmp_path, tiny):
-    from dspark.engine.engine import EngineConfig, LLMEngine
+    from dspark.engine.config import EngineConfig
+    from dspark.engine.engine import LLMEngine
     from dspark.engine.profiling import EngineProfile
 
     path = tmp_path / "profile.json"
@@ -55,7 +56,7 @@ def test_profile_round_trip(tmp_path, tiny):
     engine = LLMEngine(tiny, config)
     assert path.is_file()
     profile = EngineProfile.load(path)
-    assert profile.matches(engine)
+    assert profile.matches(engine.runner, engine.drafter, 2)
     sizes = sorted({s.num_target_tokens for s in profile.samples})
     # Eager: every size up to 8 (a lone request's verify steps), then every power of two
     # up to the batch limit.
@@ -69,21 +70,21 @@ def test_profile_round_trip(tmp_path, tiny):
 
     assert profile.row_plan is not None
     forget_small_rows(tiny.model.linear_weights())
-    assert not profile.matches(engine)
+    assert not profile.matches(engine.runner, engine.drafter, 2)
     tune_small_rows(tiny.model.linear_weights())  # the plan measured before, kept per model
-    assert profile.matches(engine)
+    assert profile.matches(engine.runner, engine.drafter, 2)
     # A drafter whose block pass is cut to each depth drafts at other prices.
     assert not profile.block_cut
     engine.drafter.block_cut = True
-    assert not profile.matches(engine)
+    assert not profile.matches(engine.runner, engine.drafter, 2)
     engine.drafter.block_cut = False
-    assert profile.matches(engine)
+    assert profile.matches(engine.runner, engine.drafter, 2)
     # Attention read in place (KV regions, on by default on the CPU) costs otherwise.
-    assert profile.kv_regions and engine.kv_regions == 4
-    engine.kv_regions = 0
-    assert not profile.matches(engine)
-    engine.kv_regions = 4
-    assert profile.matches(engine)
+    assert profile.kv_regions and engine.runner.kv_regions == 4
+    engine.runner.kv_regions = 0
+    assert not profile.matches(engine.runner, engine.drafter, 2)
+    engine.runner.kv_regions = 4
+    assert profile.matches(engine.runner, engine.drafter, 2)
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     with pytest.raises(ValueError, match="cannot read the engine profile"):

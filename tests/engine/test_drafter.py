@@ -85,7 +85,7 @@ def test_the_greedy_heads_runner_drafts_and_scores_as_the_eager_heads(drafter, v
     token ids, each fed to the Markov head of the next position), the same calibrated
     confidences, and past the depth the deepest one computed. The padding rows hold
     junk from a larger run before, which must not reach a real row."""
-    from dspark.engine.drafter import DraftHeads
+    from dspark.engine.draft_graphs import DraftHeads
     from tests.models.test_drafter import random_drafter
 
     target, _ = drafter
@@ -196,7 +196,7 @@ class _ReplayedBody:
 def fake_graph_capture(monkeypatch) -> list[bool]:
     """The drafter's row-count runners capture ``_ReplayedBody`` stand-ins on the CPU
     (no CUDA events nor synchronisation); returns the ``warm_up`` flag of each capture."""
-    import dspark.engine.drafter as drafter_module
+    import dspark.engine.draft_graphs as draft_graphs
     from tests.engine.test_graphs import _NoEvent
 
     monkeypatch.setattr(torch.cuda, "Event", _NoEvent)
@@ -208,7 +208,7 @@ def fake_graph_capture(monkeypatch) -> list[bool]:
         captured.append(warm_up)
         return graph, graph.outputs
 
-    monkeypatch.setattr(drafter_module, "capture_graph", fake_capture)
+    monkeypatch.setattr(draft_graphs, "capture_graph", fake_capture)
     return captured
 
 
@@ -218,7 +218,7 @@ def test_the_heads_capture_each_depth_and_pass_and_cover_smaller_row_counts(draf
     depth replays that capture (its padding) until the ledger says capture, a new depth
     or pass never replays another's; inside ``exact_shapes`` every shape is its own.
     Every run gives the eager pass's drafts and confidences for its real rows."""
-    from dspark.engine.drafter import DraftHeads
+    from dspark.engine.draft_graphs import DraftHeads
 
     captured = fake_graph_capture(monkeypatch)
     _, model = drafter
@@ -279,7 +279,7 @@ def test_captured_heads_replay_the_eager_heads_on_cuda(drafter):
     GPU: greedy, temperature-only and top-k/top-p batches at two row counts and depths,
     each replayed twice (the second time from the captured graph), with seeded
     generators: the same drafts and distributions."""
-    from dspark.engine.drafter import DraftHeads
+    from dspark.engine.draft_graphs import DraftHeads
 
     target, model = drafter
     target.model.cuda()

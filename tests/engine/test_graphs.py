@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from dspark.engine.graphs import (
-    CAPTURE_AFTER_WASTE,
     CaptureLedger,
     PaddedStepRunner,
     StepShape,
@@ -14,7 +13,6 @@ from dspark.engine.graphs import (
     padding_waste,
     piece_sizes,
     row_padding_waste,
-    timed_padding_budget,
     token_sizes,
 )
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
@@ -183,7 +181,8 @@ def test_cuda_graph_replays_give_the_eager_greedy_output(tmp_path, spec):
 
 
 def test_padding_block_comes_on_top_of_the_pool_asked_for(tiny):
-    from dspark.engine.engine import EngineConfig, LLMEngine
+    from dspark.engine.config import EngineConfig
+    from dspark.engine.engine import LLMEngine
 
     for mode in ("off", "on"):
         engine = LLMEngine(tiny, EngineConfig(kv_cache_tokens=1024, cuda_graphs=mode))
@@ -256,7 +255,8 @@ def test_the_ledger_looks_a_cover_up_once_per_captured_set():
 
 
 def test_a_zero_padding_budget_captures_every_new_shape_at_once(tiny):
-    from dspark.engine.engine import EngineConfig, LLMEngine
+    from dspark.engine.config import EngineConfig
+    from dspark.engine.engine import LLMEngine
 
     assert CaptureLedger(row_padding_waste, budget=0.0).choose(64, {96: None}) == 64
     engine = LLMEngine(tiny, EngineConfig(cuda_graphs="on", graph_padding_budget=0.0))
@@ -265,59 +265,6 @@ def test_a_zero_padding_budget_captures_every_new_shape_at_once(tiny):
         with pytest.raises(ValueError, match="graph_padding_budget"):
             EngineConfig(graph_padding_budget=bad)
     assert EngineConfig(graph_padding_budget=np.int64(2)).graph_padding_budget == 2
-
-
-def test_a_timed_padding_budget_is_a_capture_over_a_forward_capped_at_the_limit():
-    assert timed_padding_budget(15.0, 60.0) == 0.25  # the 8B shape at 256: a quarter step
-    assert timed_padding_budget(30.0, 5.0) == CAPTURE_AFTER_WASTE  # SmolLM2: 6 steps, capped
-    assert timed_padding_budget(30.0, 5.0, limit=10.0) == 6.0
-    assert timed_padding_budget(0.0, 50.0) == 0.0
-    for capture_ms, forward_ms in [(10.0, 0.0), (10.0, -1.0), (float("nan"), 5.0), (-1.0, 5.0)]:
-        with pytest.raises(ValueError, match="forward_ms"):
-            timed_padding_budget(capture_ms, forward_ms)
-
-
-def test_an_auto_padding_budget_follows_captures_over_a_moving_average_of_forwards(tiny):
-    from dspark.engine.engine import EngineConfig, LLMEngine
-
-    assert EngineConfig().graph_padding_budget == CAPTURE_AFTER_WASTE  # "auto" is opt-in
-    with pytest.raises(ValueError, match="graph_padding_budget"):
-        EngineConfig(graph_padding_budget="fast")
-    engine = LLMEngine(tiny, EngineConfig(cuda_graphs="on", graph_padding_budget="auto"))
-    runner = engine.graphs
-    assert runner.ledger.budget == CAPTURE_AFTER_WASTE
-    assert not engine._timed_padding  # no capture on the CPU: nothing to time
-    engine._time_padding(60.0)  # no capture yet: the budget stays
-    assert runner.ledger.budget == CAPTURE_AFTER_WASTE
-    runner.num_captures, runner.capture_seconds = 2, 0.030  # 15 ms a capture
-    engine._time_padding(20.0)  # average 0.8 * 60 + 0.2 * 20 = 52 ms
-    assert runner.ledger.budget == pytest.approx(15.0 / 52.0)
-    engine._time_padding(2.0)  # 0.8 * 52 + 0.2 * 2 = 42 ms
-    assert runner.ledger.budget == pytest.approx(15.0 / 42.0)
-    runner.capture_seconds = 1.0  # 500 ms a capture: capped
-    engine._time_padding(42.0)
-    assert runner.ledger.budget == CAPTURE_AFTER_WASTE
-
-
-def test_an_auto_padding_budget_is_set_by_the_engines_steps(tiny):
-    """Wired into the step: after a run whose steps captured nothing, the target's budget
-    is its captures' mean time over the moving average of every step's forward."""
-    from dspark.engine.engine import EngineConfig, LLMEngine
-
-    engine = LLMEngine(tiny, EngineConfig(cuda_graphs="on", graph_padding_budget="auto"))
-    engine._timed_padding = True  # as on a GPU, where the runner captures
-    runner = engine.graphs
-    runner.num_captures, runner.capture_seconds = 1, 0.005  # one capture of 5 ms
-    for prompt in repetitive_prompts(3):
-        engine.add_request(prompt, GREEDY)
-    while engine.has_unfinished():
-        engine.step()
-    forwards = list(engine.stats.forward_ms)
-    average = forwards[0]
-    for forward_ms in forwards[1:]:
-        average = 0.8 * average + 0.2 * forward_ms
-    assert len(forwards) > 3
-    assert runner.ledger.budget == pytest.approx(min(CAPTURE_AFTER_WASTE, 5.0 / average))
 
 
 class _NoEvent:  # what the staging copy's CUDA event needs to do on the CPU: nothing
@@ -424,19 +371,21 @@ def _capturing_engine(tiny, monkeypatch, seeded: list[StepShape], drafter=None, 
     """An adaptive engine whose target runner behaves as a capturing one on the CPU: the
     ledger chooses covers, a "capture" adds the shape to the captured set, and the body
     runs where a graph would replay. ``seeded`` shapes start out captured."""
-    from dspark.engine.engine import EngineConfig, LLMEngine
+    from dspark.engine.engine import LLMEngine
+    from tests.conftest import engine_config
 
     monkeypatch.setattr(torch.cuda, "Event", _NoEvent)
     engine = LLMEngine(
         tiny,
-        EngineConfig(spec="adaptive", cuda_graphs="on", throughput_gate=False, **config),
+        engine_config(spec="adaptive", cuda_graphs="on", throughput_gate=False, **config),
         cost_model=RandomCost(3),
         drafter=drafter,
     )
     runner = _fake_capture(engine.graphs)
     for shape in seeded:
         runner.graphs[shape] = None
-    engine._fills_padding = engine.config.fill_padding
+    # The policy fills padding only where graphs are captured: this runner now is.
+    engine.policy.fill_graphs = runner if engine.config.adaptive.fill_padding else None
     return engine
 
 
@@ -456,19 +405,19 @@ def test_a_cut_budget_fills_the_padding_of_the_graph_it_replays(tiny, monkeypatc
     )
     runner = engine.graphs
     proposed, replayed = {}, {}
-    admit, choose = engine._admit_adaptively, runner.ledger.choose
+    policy = engine.policy
+    admit, choose = policy._admit, runner.ledger.choose
 
-    def spy_admit(batch, drafts, proposal):
-        total = sum(len(d) for d in drafts)
-        admit(batch, drafts, proposal)
-        proposed[engine._step_index] = (total, sum(len(d) for d in drafts), batch.num_tokens)
+    def spy_admit(batch, counts, plan):
+        admit(batch, counts, plan)
+        proposed[engine.stats.num_steps] = (sum(counts), sum(plan.admitted), batch.num_tokens)
 
     def spy_choose(shape, captured):
         chosen = choose(shape, captured)
-        replayed[engine._step_index] = chosen.num_tokens
+        replayed[engine.stats.num_steps] = chosen.num_tokens
         return chosen
 
-    engine._admit_adaptively = spy_admit
+    policy._admit = spy_admit
     runner.ledger.choose = spy_choose
     requests = [engine.add_request(p, GREEDY) for p in prompts]
     with torch.inference_mode():
@@ -559,11 +508,10 @@ def test_filled_steps_charge_their_own_shapes_and_stay_lossless(tmp_path, monkey
     assert engine.stats.filled_steps > 0 and charged
 
 
-@pytest.mark.parametrize("head_graphs", [True, False])
-def test_the_engine_builds_its_drafter_with_greedy_heads_as_configured(tmp_path, head_graphs):
+def test_the_engine_builds_its_drafter_with_padded_greedy_heads(tmp_path):
     """A drafter directory loaded by the engine itself (``EngineConfig.drafter``), padded
-    steps on: the greedy heads run padded unless ``head_graphs`` is off, with a draft
-    vocabulary, and greedy speculation still equals plain greedy."""
+    steps on: the greedy heads run padded, with a draft vocabulary, and greedy
+    speculation still equals plain greedy."""
     from dspark.models.drafter import save_drafter, write_draft_vocab
     from tests.engine.test_draft_vocab import SUBSET
     from tests.models.test_drafter import random_drafter
@@ -581,13 +529,9 @@ def test_the_engine_builds_its_drafter_with_greedy_heads_as_configured(tmp_path,
         drafter=str(directory),
         draft_vocab="on",
         cuda_graphs="on",
-        head_graphs=head_graphs,
     )
     assert [o.token_ids for o in out] == [o.token_ids for o in plain]
     heads = engine.drafter.heads
-    if head_graphs:
-        assert heads.vocab_ids.tolist() == SUBSET.tolist()
-        assert heads.num_runs == engine.drafter.graphs.num_runs > 0
-        assert heads in engine.padded_runners()
-    else:
-        assert heads is None
+    assert heads.vocab_ids.tolist() == SUBSET.tolist()
+    assert heads.num_runs == engine.drafter.graphs.num_runs > 0
+    assert heads in engine.padded_runners()

@@ -1,10 +1,9 @@
 """Start-up profiling: what the drafter's price by depth is made of."""
 
 import numpy as np
-import pytest
 
-from dspark.engine.engine import EngineConfig, LLMEngine
-from dspark.engine.profiling import profile_engine
+from dspark.engine.config import EngineConfig
+from dspark.engine.engine import LLMEngine
 from dspark.engine.speculative import Proposal
 
 
@@ -52,16 +51,16 @@ def test_no_drafting_depth_pays_for_being_timed_first_after_the_forward(tiny):
         kv_cache_tokens=2048,
     )
     engine = LLMEngine(tiny, config, drafter=SlowFirstDrafter(clock))
-    forward = engine.forward
+    forward = engine.runner.forward
 
     def timed_forward(*args, **kwargs):
         clock.now += 7.0
         clock.after_forward = True
         return forward(*args, **kwargs)
 
-    engine.forward = timed_forward
-    engine._clock = lambda: clock.now
-    profile = profile_engine(engine)
+    engine.runner.forward = timed_forward
+    engine.runner.clock = lambda: clock.now
+    profile = engine.profile()
     # Depths 1 and 2 (half the block) are timed besides K = 4; the table interpolates.
     assert sorted({d for _, d, _ in profile.draft_depth_samples}) == [1, 2]
     table = profile.depth_costs()
@@ -83,7 +82,7 @@ def test_a_slow_phase_of_the_machine_does_not_land_on_one_size(tiny):
     clock = VirtualClock()
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, kv_cache_tokens=2048)
     engine = LLMEngine(tiny, config)
-    forward, calls = engine.forward, [0]
+    forward, calls = engine.runner.forward, [0]
 
     def timed_forward(*args, **kwargs):
         calls[0] += 1
@@ -91,9 +90,9 @@ def test_a_slow_phase_of_the_machine_does_not_land_on_one_size(tiny):
         clock.now += 20.0 if slow else 7.0
         return forward(*args, **kwargs)
 
-    engine.forward = timed_forward
-    engine._clock = lambda: clock.now
-    profile = profile_engine(engine)
+    engine.runner.forward = timed_forward
+    engine.runner.clock = lambda: clock.now
+    profile = engine.profile()
     by_size: dict[int, list[float]] = {}
     for sample in profile.samples:
         by_size.setdefault(sample.num_target_tokens, []).append(sample.forward_ms)
@@ -101,46 +100,3 @@ def test_a_slow_phase_of_the_machine_does_not_land_on_one_size(tiny):
     assert all(len(times) == PROFILE_REPLAYS for times in by_size.values())
     assert {float(np.median(times)) for times in by_size.values()} == {7.0}
     assert max(sum(t == 20.0 for t in times) for times in by_size.values()) <= 2
-
-
-def test_the_isotonic_fit_keeps_a_rise_that_a_slow_small_size_hides():
-    from dspark.engine.profiling import EngineProfile
-    from dspark.scheduling import StepTiming
-
-    medians = {1: 4.0, 2: 5.0, 4: 3.9, 8: 3.9, 16: 3.8, 32: 4.4, 48: 4.5}
-    samples = [
-        StepTiming(min(size, 8), size, ms + noise, 1.0, True)
-        for size, ms in medians.items()
-        for noise in (-0.1, 0.0, 0.1)
-    ]
-    profile = EngineProfile(samples, 8, 48, 48, 128, "m", "cuda", "torch.bfloat16")
-    seed, fitted = profile.tables.verify_ms, profile.cost_tables("isotonic").verify_ms
-    assert seed[16] == seed[32] == 5.0  # the running maximum: flat from 2 tokens up
-    assert fitted[32] - fitted[16] == pytest.approx(4.4 - (3.9 + 3.9 + 3.8 + 5.0) / 4)
-    assert fitted[17] == fitted[32]  # graph padding: 17 tokens pay for 32
-    assert (np.diff(fitted) >= 0).all()
-    with pytest.raises(ValueError, match="fit"):
-        profile.cost_tables("min")
-
-
-def test_a_key_row_of_attention_is_priced_from_two_context_lengths(tiny):
-    # Every forward costs 5 ms plus 0.01 ms per key row its attention gathers (requests
-    # x key span): the profile measures 0.01 from a full batch over two contexts.
-    clock = VirtualClock()
-    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, kv_cache_tokens=2048)
-    engine = LLMEngine(tiny, config)
-    forward = engine.forward
-
-    def timed_forward(*args, **kwargs):
-        out = forward(*args, **kwargs)
-        clock.now += 5.0 + 0.01 * engine.key_rows
-        return out
-
-    engine.forward = timed_forward
-    engine._clock = lambda: clock.now
-    assert profile_engine(engine, profile_context=64).key_row_ms == pytest.approx(0.01)
-    # A cache that holds no batch twice as long: not measured, not priced.
-    small = LLMEngine(
-        tiny, EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, kv_cache_tokens=512)
-    )
-    assert profile_engine(small, profile_context=64).key_row_ms == 0.0

@@ -1,21 +1,22 @@
 """Replayed acceptance (``dspark.engine.replay``) and random-weight shapes."""
 
-import dataclasses
 import json
 
 import numpy as np
 import pytest
 import torch
 
-import dspark.scheduling.verifier as verifier_module
+from dspark.engine import lookahead as lookahead_module
+from dspark.engine.config import EngineConfig
 from dspark.engine.drafter import DSparkDrafter
-from dspark.engine.engine import EngineConfig, LLMEngine, _Batch
+from dspark.engine.engine import LLMEngine
+from dspark.engine.policy import AdaptivePolicy
 from dspark.engine.replay import AcceptanceTrace, ReplayDrafter, random_draft_model
 from dspark.engine.request import Request
 from dspark.engine.sampling import SamplingParams
 from dspark.engine.scheduler import Scheduler
 from dspark.models.shapes import SHAPES, random_model
-from dspark.ops import allocate_drafts_torch
+from tests.conftest import engine_config
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True)
 
@@ -50,7 +51,7 @@ def run(shaped, draft_model, trace, prompts, **config):
     inner = DSparkDrafter(draft_model, 8192, 16)
     engine = LLMEngine(
         shaped,
-        EngineConfig(kv_cache_tokens=4096, **config),
+        engine_config(kv_cache_tokens=4096, **config),
         drafter=ReplayDrafter(inner, trace, seed=1),
         cost_model=cost,
     )
@@ -114,50 +115,6 @@ def test_rounds_are_common_random_numbers_of_request_and_output_point(draft_mode
     counts = np.bincount(first.rounds_for(many), minlength=50)
     expected = len(many) / 50
     assert ((counts - expected) ** 2 / expected).sum() < 49 + 6 * 9.9
-
-
-def test_device_allocation_takes_the_host_allocations_decisions(shaped, draft_model, monkeypatch):
-    """The ``dspark.ops`` allocation (here on CPU tensors) admits exactly what
-    ``AdaptiveVerifier.allocate`` admits, round for round."""
-    import dspark.engine.engine as engine_module
-
-    calls = []
-
-    def counted(*args):
-        calls.append(args[2])
-        return allocate_drafts_torch(*args)
-
-    monkeypatch.setattr(engine_module, "allocate_drafts_torch", counted)
-    # Synthetic rounds at published rates: confidences around 0.7 with a spread, so
-    # budgets stay partial whichever rounds the requests meet.
-    trace = AcceptanceTrace.from_published("chat", num_rounds=2000)
-    prompts = [list(range(3 + i, 20 + 2 * i)) for i in range(6)]
-    logs = []
-    for allocation in ("host", "device"):
-        engine, _ = run(
-            shaped,
-            draft_model,
-            trace,
-            prompts,
-            spec="adaptive",
-            num_drafts=7,
-            max_num_seqs=6,
-            allocation=allocation,
-            cost_model=BudgetCost(),
-        )
-        logs.append([(admitted, got) for _, admitted, got in engine.round_log])
-        assert bool(calls) == (allocation == "device")  # the op ran only when asked
-    assert logs[0] == logs[1]
-    admitted = [a for a, _ in logs[0]]
-    assert 0 < sum(admitted) < 7 * len(admitted)  # partial budgets: the allocation decided
-
-
-class BudgetCost:
-    """Each draft costs a fixed share of the step: budgets land strictly between 0 and all
-    scheduled drafts, so the fresh allocation has a choice to make."""
-
-    def step_costs_ms(self, num_reqs, num_tokens, max_drafts, context_tokens=0):
-        return 10.0 + 1.2 * np.arange(max_drafts + 1)
 
 
 def test_trace_from_rounds_applies_the_drafters_calibration(tmp_path):
@@ -311,21 +268,23 @@ class DepthCost:
         return 0.5 + 0.2 * (7 if depth is None else depth)
 
 
-def _adaptive_run(
-    shaped, draft_model, lookahead, monkeypatch, reuse=None, cost=None, shares="off", **config
-):
+def _adaptive_run(shaped, draft_model, lookahead, monkeypatch, exact=True, cost=None, **config):
     """Ten requests through four slots, with staggered lengths: batches change as requests
     finish and join, and limits fall below K near each request's end. Each request's
     latest round is taken as it is (predictiveness held at 1), so a decision depends on
-    which requests are in the batch, not only on how many. ``shares``:
-    ``EngineConfig.lookahead_shares`` ("off": every budget is the step's own plan)."""
+    which requests are in the batch, not only on how many. ``exact``: the look-ahead's
+    decisions are taken only by the batch they were made for, and its shares never (a
+    changed batch decides and plans in the step); otherwise as the engine runs."""
     import dspark.scheduling.verifier as verifier_module
 
     monkeypatch.setattr(verifier_module, "PREDICTIVENESS_MIN_PAIRS", 10**9)
+    if exact:
+        monkeypatch.setattr(lookahead_module, "REUSE_SHARE", 2.0)  # no batch reaches 200%
+        monkeypatch.setattr(lookahead_module.LookAhead, "shares_budget", lambda *args: None)
     inner = DSparkDrafter(draft_model, 8192, 16)
     engine = LLMEngine(
         shaped,
-        EngineConfig(
+        engine_config(
             kv_cache_tokens=4096,
             spec="adaptive",
             num_drafts=7,
@@ -333,9 +292,6 @@ def _adaptive_run(
             max_num_batched_tokens=28,  # four decodes with K drafts each do not fit
             throughput_gate=False,
             lookahead=lookahead,
-            lookahead_reuse=reuse,
-            lookahead_shares=shares,
-            calibrate_survival=True,
             **config,
         ),
         drafter=ReplayDrafter(inner, AcceptanceTrace.load(), seed=1),
@@ -350,17 +306,18 @@ def _adaptive_run(
         for i in range(10)
     ]
     depths = []
-    drafting_depth = engine._drafting_depth
+    policy = engine.policy
+    decide = policy._decide_depth
     engine.hits_below_k = 0  # decisions taken ahead for a batch with a limit below K
 
-    def logged(batch, limits, *rest):
+    def logged(batch, limits):
         hits = engine.stats.lookahead_hits
-        depths.append(drafting_depth(batch, limits, *rest))
+        depths.append(decide(batch, limits))
         if engine.stats.lookahead_hits > hits and (limits < 7).any():
             engine.hits_below_k += 1
         return depths[-1]
 
-    engine._drafting_depth = logged
+    policy._decide_depth = logged
     steps = 0
     while engine.has_unfinished():
         engine.step()
@@ -374,10 +331,9 @@ def _adaptive_run(
 def test_drafting_decisions_taken_ahead_are_the_ones_taken_in_step(
     shaped, draft_model, monkeypatch
 ):
-    """``EngineConfig.lookahead``: the next step's drafting depth, decided during this
-    step's forward, is used only for the same decoding batch, and then it is the decision
-    the step itself would take (a fixed cost model, nothing learnt in between)."""
-    monkeypatch.setattr(verifier_module, "CALIBRATION_PRIOR", 4.0)  # outcomes weigh soon
+    """``AdaptiveConfig.lookahead``: the next step's drafting depth and budget, decided
+    during this step's forward, are used for the same decoding batch, and then they are
+    what the step itself would decide (a fixed cost model, nothing learnt in between)."""
     off, off_requests, off_depths = _adaptive_run(shaped, draft_model, "off", monkeypatch)
     on, on_requests, on_depths = _adaptive_run(shaped, draft_model, "on", monkeypatch)
     assert on_depths == off_depths  # step by step
@@ -393,10 +349,6 @@ def test_drafting_decisions_taken_ahead_are_the_ones_taken_in_step(
     assert 10 <= on.stats.lookahead_plans <= on.stats.lookahead_hits
     assert off.stats.lookahead_plans == off.stats.drafting_plans == 0
     assert [r[1:] for r in on.round_log] == [r[1:] for r in off.round_log]
-    # Both corrected their plans by the same outcomes (``calibrate_survival``), learnt one
-    # step late either way, and the correction was in force.
-    assert np.array_equal(on.verifier.calibration, off.verifier.calibration)
-    assert not np.allclose(on.verifier.calibration, 1.0, atol=0.01)
     assert [r.output_ids for r in on_requests] == [r.output_ids for r in off_requests]
     assert len(set(on_depths)) > 2  # the decision varied, so agreeing is no coincidence
     # Undrafted steps too: with the look-ahead their ``relax`` waits for the forward, and
@@ -447,186 +399,14 @@ def test_the_step_after_a_prompt_finishes_takes_the_decision_made_ahead(
     assert sum(after_prompt) >= len(after_prompt) // 2
 
 
-def test_a_changed_batch_may_take_the_depth_decided_ahead(shaped, draft_model, monkeypatch):
-    """``EngineConfig.lookahead_reuse``: when the next batch is not the same decodes (a
-    prompt chunk joined, a request left or nears its limit) but most of its decoding
-    requests were decided for, it takes that depth instead of deciding in the step (its
-    budget is still planned in the step). Replayed acceptance is not verification, so
-    outputs follow the decisions here; ``test_engine`` checks greedy output with it."""
-    ahead_log, taken, shares = {}, [], []
-    look_ahead = LLMEngine._look_ahead
-
-    def logged_ahead(self, chunks, drafts):
-        look_ahead(self, chunks, drafts)
-        if self._ahead is not None:
-            ahead_log[self._ahead[0]] = (self._ahead[1], self._ahead[2])
-
-    drafting_depth = LLMEngine._drafting_depth
-
-    def logged_depth(self, batch, limits, *rest):
-        reused, hits = self.stats.lookahead_reused, self.stats.lookahead_hits
-        ahead = self._ahead if self._ahead and self._ahead[0] == self._step_index else None
-        depth = drafting_depth(self, batch, limits, *rest)
-        if ahead is not None and self.stats.lookahead_hits == hits:  # not the same decodes
-            decoding = batch.slots[batch.decode_index]
-            share = np.isin(decoding, ahead[1]).mean() if decoding.size else 0.0
-            shares.append((share, self.stats.lookahead_reused > reused))
-        if self.stats.lookahead_reused > reused:
-            taken.append((depth, ahead_log[self._step_index][1]))
-        return depth
-
-    monkeypatch.setattr(LLMEngine, "_look_ahead", logged_ahead)
-    monkeypatch.setattr(LLMEngine, "_drafting_depth", logged_depth)
-    on, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8)
-    assert on.stats.lookahead_reused == len(taken) >= 5
-    assert all(depth == decided for depth, decided in taken)
-    assert len({decided for _, decided in taken}) > 1  # the decisions taken varied
-    # Every changed batch with a decision ahead took it exactly when 80% or more of its
-    # decoding requests were decided for (some were not: the rule was exercised).
-    assert all(used == (share >= 0.8) for share, used in shares)
-    assert any(not used for _, used in shares)
-    assert on.stats.lookahead_hits >= 10 and on.stats.lookahead_plans <= on.stats.lookahead_hits
-    exact, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch)  # without reuse
-    assert exact.stats.lookahead_reused == 0 and exact.stats.lookahead_hits >= 10
-
-
-def test_a_batch_that_lost_requests_takes_their_shares_of_the_budget_planned_ahead(
-    shaped, draft_model, monkeypatch
-):
-    """``EngineConfig.lookahead_shares``: a step whose decoding requests were all planned
-    for ahead, at the depth planned, but whose batch is not exactly them takes the sum of
-    their shares (each capped at its drafts) as its budget, and plans nothing while the
-    drafter runs; any other step plans as before. With "decode" a step that carries a
-    prompt chunk takes the look-ahead's ranking cut again at its own prices, which is the
-    budget it would plan itself (predictiveness held at 1); with "all" such steps take
-    shares too."""
-    ahead_shares, taken, recut = {}, [], []
-    look_ahead, admit = LLMEngine._look_ahead, LLMEngine._admit_adaptively
-
-    def logged_ahead(self, chunks, drafts):
-        look_ahead(self, chunks, drafts)
-        if self._shares is not None:
-            ahead_shares[self._shares[0]] = self._shares
-            _, depth, of_slot, _, _ = self._shares
-            # The shares are the plan's: they sum to its budget (the exact batch's).
-            if self._ahead[4] is not None:
-                assert sum(of_slot.values()) == self._ahead[4]
-            assert all(0 <= share <= depth for share in of_slot.values())
-
-    def logged_admit(self, batch, drafts, proposal):
-        shared, planned_while = self.stats.share_plans, self.stats.drafting_plans
-        recuts = self.stats.recut_plans
-        counts = [len(drafts[i]) for i in batch.decode_list]
-        num_drafts = np.zeros(batch.slots.shape[0], dtype=np.int64)
-        num_drafts[batch.decode_index] = counts
-        own = self._plan_budget(batch, num_drafts)  # what the step would plan itself
-        admit(self, batch, drafts, proposal)
-        if self.stats.recut_plans > recuts:
-            assert batch.num_tokens != len(batch.slot_list)  # a prompt chunk shares it
-            recut.append(self.stats.budgets[-1] == own)
-            assert self.stats.drafting_plans == planned_while
-        if self.stats.share_plans > shared:
-            _, depth, of_slot, _, _ = ahead_shares[self._step_index]
-            slots = [batch.slot_list[i] for i in batch.decode_list]
-            expected = sum(min(of_slot[s], c) for s, c in zip(slots, counts, strict=True))
-            exact = slots == list(of_slot) and len(slots) == len(batch.slot_list)
-            chunk = batch.num_tokens != len(batch.slot_list)
-            taken.append((self.stats.budgets[-1] == expected, exact, chunk))
-            assert max(counts) <= depth
-            assert self.stats.drafting_plans == planned_while
-
-    monkeypatch.setattr(LLMEngine, "_look_ahead", logged_ahead)
-    monkeypatch.setattr(LLMEngine, "_admit_adaptively", logged_admit)
-    every, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8, shares="all")
-    assert every.stats.share_plans == len(taken) >= 3
-    assert all(right for right, _, _ in taken)
-    assert not all(exact for _, exact, _ in taken)  # changed batches among them
-    assert any(chunk for _, _, chunk in taken)  # batches with a prompt chunk among them
-    assert every.stats.recut_plans == 0 and not recut
-    del taken[:]
-    decode, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8, shares="decode")
-    assert decode.stats.share_plans == len(taken) >= 1
-    assert all(right and not chunk for right, _, chunk in taken)
-    assert not all(exact for _, exact, _ in taken)
-    assert decode.stats.recut_plans == len(recut) >= 1 and all(recut)
-    off, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, reuse=0.8)
-    assert off.stats.share_plans == off.stats.recut_plans == 0
-    # Fewer budgets planned in the step, or while the drafter ran.
-    assert decode.stats.drafting_plans < off.stats.drafting_plans
-    assert every.stats.drafting_plans < off.stats.drafting_plans
-
-
-def test_a_shared_budget_covers_only_the_step_and_depth_planned_for(
-    shaped, draft_model, monkeypatch
-):
-    """``LLMEngine._shared_budget`` by hand: each request's share capped at its drafts,
-    within the logits room; None for another step, another depth or a request the look-
-    ahead did not plan for. A step that carries a prompt chunk takes, under "decode", the
-    look-ahead's survival rows of its decoding requests (in its own order, zero past
-    each one's drafts) cut at its own prices, under "all" the shares."""
-    engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, shares="decode")
-    engine._step_index = 5
-    # The look-ahead planned slots 0, 1, 2 (rows in that order) 3 deep, K = 7: its rows
-    # are zero past position 3.
-    ranked = np.zeros((3, 7))
-    ranked[:, :3] = [[0.5, 0.45, 0.4], [0.3, 0.1, 0.05], [0.9, 0.8, 0.7]]
-    engine._shares = (5, 3, {0: 3, 1: 2, 2: 0}, ranked, {0: 0, 1: 1, 2: 2})
-    engine._priced_step = (3, 3, 3, 0)  # three requests, drafting 3 deep
-    batch = _Batch(
-        slots=np.array([2, 0, 1]),
-        decode_index=np.arange(3),
-        non_draft=np.ones(3, dtype=np.int64),
-        num_sampling=3,
-        context=0,
-        slot_list=[2, 0, 1],
-        decode_list=[0, 1, 2],
-        num_tokens=3,
-    )
-    assert engine._shared_budget(batch, [3, 1, 3]) == (0 + 1 + 2, "shares")
-    engine.verifier.max_total_logits = 3 + 2  # two drafts beside the three bonus tokens
-    assert engine._shared_budget(batch, [3, 3, 3]) == (2, "shares")
-    engine.verifier.max_total_logits = 1000
-    engine._priced_step = (3, 3, 2, 0)  # drafting 2 deep, planned for 3
-    assert engine._shared_budget(batch, [2, 2, 2]) is None
-    engine._priced_step = (3, 3, 3, 0)
-    engine._step_index = 6  # planned for the step before
-    assert engine._shared_budget(batch, [3, 3, 3]) is None
-    # A prompt chunk of 5 tokens beside the three decodes (slot 3, not decoding), slot 0
-    # drafting 1. ``DepthCost`` prices the step, with its chunk's tokens paid whatever is
-    # drafted and the drafter 3 deep, at 9.5 + 0.4 b ms for b drafts; the rows give
-    # 0.9, 0.8, 0.7, 0.5 (slot 0's first), 0.3, 0.1, 0.05, and (3 + their top-b sum) /
-    # (9.5 + 0.4 b) peaks at b = 5 (6.2 / 11.5). Slot 0's rows past its one draft
-    # counted (0.45, 0.4) would make it 7.
-    engine._step_index = 5
-    engine._priced_step = (4, 8, 3, 0)
-    mixed = _Batch(
-        slots=np.array([2, 0, 1, 3]),
-        decode_index=np.arange(3),
-        non_draft=np.array([1, 1, 1, 5]),
-        num_sampling=3,
-        context=0,
-        slot_list=[2, 0, 1, 3],
-        decode_list=[0, 1, 2],
-        num_tokens=8,
-    )
-    assert engine._shared_budget(mixed, [3, 1, 3]) == (5, "recut")
-    engine._shares = (5, 3, {0: 3, 1: 2, 2: 0}, None, {0: 0, 1: 1, 2: 2})
-    assert engine._shared_budget(mixed, [3, 1, 3]) is None  # nothing was ranked ahead
-    engine.config = dataclasses.replace(engine.config, lookahead_shares="all")
-    assert engine._shared_budget(mixed, [3, 1, 3]) == (0 + 1 + 2, "shares")
-    engine._priced_step = (3, 3, 3, 0)
-    batch.slot_list = [2, 0, 3]  # slot 3 was not planned for
-    assert engine._shared_budget(batch, [3, 3, 3]) is None
-
-
 def test_the_step_log_accounts_for_every_step_token_and_draft(shaped, draft_model, monkeypatch):
     """``EngineStats.step_log`` (``dspark bench --step-log``): one row a step whose
     emitted tokens and verified drafts add up to the engine's counts, whose forward ran
     on the step's non-draft tokens plus its drafts, whose phases fit inside its time, and
     which drafts only as deep as it decided."""
-    from dspark.engine.engine import STEP_FIELDS
+    from dspark.engine.stats import STEP_FIELDS
 
-    engine, _, depths = _adaptive_run(shaped, draft_model, "on", monkeypatch, shares="decode")
+    engine, _, depths = _adaptive_run(shaped, draft_model, "on", monkeypatch)
     stats = engine.stats
     rows = [dict(zip(STEP_FIELDS, row, strict=True)) for row in stats.step_log]
     assert len(rows) == stats.num_steps == len(stats.forward_ms)
@@ -649,56 +429,6 @@ def test_the_step_log_accounts_for_every_step_token_and_draft(shaped, draft_mode
         assert r["graph_tokens"] == r["covered"] == r["captured"] == 0  # CPU: eager
 
 
-def test_a_cut_is_left_unmade_where_verifying_its_drafts_costs_less_than_cutting(
-    shaped, draft_model, monkeypatch
-):
-    """``EngineConfig.cheap_cuts``: ``DepthCost`` prices a draft's verification at 0.4 ms,
-    so with cuts measured at 0.5 ms a cut of one draft is not worth making and one of two
-    is; nothing is skipped before a cut was timed, and after ``CUT_RETIME`` skips in a
-    row the next cut is made (and timed)."""
-    from dspark.engine.engine import CUT_RETIME
-
-    engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, cheap_cuts="on")
-    assert engine.stats.budget_cuts > 0 and engine._cut_ms is not None  # cuts were timed
-    batch = _Batch(
-        slots=np.array([0, 1]),
-        decode_index=np.arange(2),
-        non_draft=np.ones(2, dtype=np.int64),
-        num_sampling=2,
-        context=0,
-        slot_list=[0, 1],
-        decode_list=[0, 1],
-        num_tokens=2,
-    )
-    engine._cut_ms, engine._cuts_skipped = None, 0
-    assert not engine._cut_is_dear(batch, 5, 6)  # no cut timed yet
-    engine._cut_ms = 0.5
-    assert not engine._cut_is_dear(batch, 4, 6)  # 0.8 ms of verification saved
-    skipped = [engine._cut_is_dear(batch, 5, 6) for _ in range(2 * CUT_RETIME + 2)]
-    assert skipped == ([True] * CUT_RETIME + [False]) * 2  # 0.4 ms saved: skipped
-    # The price is the median of the latest cuts: one slow cut does not price cutting
-    # out, and a cut made starts the count of skips again.
-    engine._cut_times.clear()
-    for ms in (0.5, 0.5, 0.5, 50.0):
-        engine._record_cut(ms)
-    assert engine._cut_ms == 0.5 and engine._cuts_skipped == 0
-    assert engine._cut_is_dear(batch, 5, 6) and not engine._cut_is_dear(batch, 4, 6)
-    with pytest.raises(ValueError, match="cheap_cuts"):
-        EngineConfig(cheap_cuts="sometimes")
-
-
-def test_unmade_cuts_verify_more_drafts(shaped, draft_model, monkeypatch):
-    """Every cut left unmade (``_cut_is_dear`` forced): steps verify all their drafts
-    where the plan cut them (only budgets of zero still cut: nothing to allocate)."""
-    cut, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, cheap_cuts="off")
-    assert cut.stats.budget_cuts > 0 and cut.stats.cheap_cuts == 0
-    monkeypatch.setattr(LLMEngine, "_cut_is_dear", lambda self, batch, budget, total: True)
-    whole, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, cheap_cuts="on")
-    assert whole.stats.cheap_cuts > 0
-    assert whole.stats.budget_cuts < cut.stats.budget_cuts
-    assert whole.stats.verified_per_step > cut.stats.verified_per_step
-
-
 class TimedDepthCost(DepthCost):
     """``DepthCost`` that keeps the steps it is told about and learns nothing from them."""
 
@@ -719,12 +449,6 @@ def test_step_timings_reach_the_cost_model_with_the_lookahead_too(shaped, draft_
     assert len(off_cost.steps) > 20
     assert len({depth for *_, depth in off_cost.steps}) > 2
     assert on_cost.steps == off_cost.steps[:-1]
-
-
-def test_lookahead_reuse_must_be_a_share():
-    for bad in (0.0, -0.5, 1.5):
-        with pytest.raises(ValueError, match="lookahead_reuse"):
-            EngineConfig(lookahead_reuse=bad)
 
 
 def test_only_requests_with_drafts_record_confidences(shaped, draft_model, monkeypatch):
@@ -758,101 +482,102 @@ def test_only_requests_with_drafts_record_confidences(shaped, draft_model, monke
     assert recorded == [count for count in proposed if count]
 
 
-def test_the_engine_settles_where_decisions_buy_less_than_they_cost(
+def test_a_changed_batch_may_take_the_depth_decided_ahead(shaped, draft_model, monkeypatch):
+    """When the next batch is not the same decodes (a prompt chunk joined, a request left
+    or nears its limit) but at least ``REUSE_SHARE`` of its decoding requests were
+    decided for, it takes that depth instead of deciding in the step (its budget is still
+    planned in the step). Replayed acceptance is not verification, so outputs follow the
+    decisions here; ``test_engine`` checks greedy output with it."""
+    ahead_log, taken, shares = {}, [], []
+    decide_next = lookahead_module.LookAhead.decide_next
+
+    def logged_ahead(self, chunks, step):
+        decide_next(self, chunks, step)
+        if self.decision is not None:
+            ahead_log[self.decision.step] = (self.decision.slots, self.decision.depth)
+
+    decide = AdaptivePolicy._decide_depth
+
+    def logged_depth(self, batch, limits):
+        reused, hits = self.stats.lookahead_hits, self.stats.lookahead_hits
+        reused = self.stats.lookahead_reused
+        decision = self.lookahead.decision
+        ahead = decision if decision is not None and decision.step == self._step else None
+        depth = decide(self, batch, limits)
+        if ahead is not None and self.stats.lookahead_hits == hits:  # not the same decodes
+            decoding = batch.slots[batch.decode_index]
+            share = np.isin(decoding, ahead.slots).mean() if decoding.size else 0.0
+            shares.append((share, self.stats.lookahead_reused > reused))
+        if self.stats.lookahead_reused > reused:
+            taken.append((depth, ahead_log[self._step][1]))
+        return depth
+
+    monkeypatch.setattr(lookahead_module.LookAhead, "decide_next", logged_ahead)
+    monkeypatch.setattr(AdaptivePolicy, "_decide_depth", logged_depth)
+    monkeypatch.setattr(lookahead_module, "REUSE_SHARE", 0.8)
+    monkeypatch.setattr(lookahead_module.LookAhead, "shares_budget", lambda *args: None)
+    on, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, exact=False)
+    assert on.stats.lookahead_reused == len(taken) >= 5
+    assert all(depth == decided for depth, decided in taken)
+    assert len({decided for _, decided in taken}) > 1  # the decisions taken varied
+    # Every changed batch with a decision ahead took it exactly when 80% or more of its
+    # decoding requests were decided for (some were not: the rule was exercised).
+    assert all(used == (share >= 0.8) for share, used in shares)
+    assert any(not used for _, used in shares)
+    assert on.stats.lookahead_hits >= 10 and on.stats.lookahead_plans <= on.stats.lookahead_hits
+    exact, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch)
+    assert exact.stats.lookahead_reused == 0 and exact.stats.lookahead_hits >= 10
+
+
+def test_a_batch_that_lost_requests_takes_their_shares_of_the_budget_planned_ahead(
     shaped, draft_model, monkeypatch
 ):
-    """``EngineConfig.settle`` by hand, with ``DepthCost``'s prices: a draft's
-    verification 0.4 ms, a depth of drafting 0.2 ms; each decided step's scheduling
-    measured at 0.5 ms (batch shape 0.1, decision 0.1, budget and cut 0.3), a step of
-    one request unless said (a draft more a request then costs 0.4 ms, less than a
-    step's scheduling)."""
-    from dspark.engine.engine import SETTLE_STEPS, SETTLE_WINDOW
+    """A step whose decoding requests were all planned for ahead, at the depth planned,
+    but whose batch is not exactly them takes the sum of their shares (each capped at its
+    drafts) as its budget, and plans nothing while the drafter runs; a step that carries
+    a prompt chunk takes the look-ahead's ranking cut again at its own prices, which is
+    the budget it would plan itself (predictiveness held at 1)."""
+    ahead_shares, taken, recut = {}, [], []
+    decide_next, admit = lookahead_module.LookAhead.decide_next, AdaptivePolicy._admit
 
-    engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, settle="on")
+    def logged_ahead(self, chunks, step):
+        decide_next(self, chunks, step)
+        if self.shares is not None:
+            ahead_shares[self.shares.step] = self.shares
+            # The shares are the plan's: they sum to its budget (the exact batch's).
+            if self.decision.budget is not None:
+                assert sum(self.shares.share_of.values()) == self.decision.budget
+            assert all(0 <= share <= self.shares.depth for share in self.shares.share_of.values())
 
-    def weigh(depth, cut=None, host=(0.1, 0.1, 0.3), overruled=False, reqs=1):
-        engine._priced_step = (reqs, reqs, depth, 0)
-        engine._step_decoding = reqs
-        engine._step_cut = None if cut is None else (reqs, reqs, 0, *cut)  # (budget, total)
-        engine._step_before = (host[0], host[1], 0.0, 0.0)
-        engine._step_schedule_ms = host[2]
-        engine._overruled = overruled
-        engine._weigh_settling(depth)
-        return engine._settled_left, engine._settled_depth
+    def logged_admit(self, batch, counts, plan):
+        shared, planned_while = self.stats.share_plans, self.stats.drafting_plans
+        recuts = self.stats.recut_plans
+        own = self._plan_budget(batch, counts)  # what the step would plan itself
+        admit(self, batch, counts, plan)
+        if self.stats.recut_plans > recuts:
+            assert batch.num_tokens != len(batch.slot_list)  # a prompt chunk shares it
+            recut.append(self.stats.budgets[-1] == own)
+            assert self.stats.drafting_plans == planned_while
+        if self.stats.share_plans > shared:
+            shares = ahead_shares[self._step]
+            slots = [batch.slot_list[i] for i in batch.decode_list]
+            expected = sum(min(shares.share_of[s], c) for s, c in zip(slots, counts, strict=True))
+            exact = slots == list(shares.share_of) and len(slots) == len(batch.slot_list)
+            taken.append((self.stats.budgets[-1] == expected, exact))
+            assert batch.num_tokens == len(batch.slot_list)  # decodes alone
+            assert max(counts) <= shares.depth
+            assert self.stats.drafting_plans == planned_while
 
-    def fresh():
-        engine._settle_log.clear()
-        engine._settled_left = engine._settled_depth = 0
-
-    # Cuts of one draft each: 16 x 0.4 = 6.4 ms bought for 16 x 0.5 = 8 ms: settles at
-    # the window's full length, not before.
-    fresh()
-    assert [weigh(5, (9, 10))[0] for _ in range(SETTLE_WINDOW - 1)] == [0] * (SETTLE_WINDOW - 1)
-    assert weigh(5, (9, 10)) == (SETTLE_STEPS, 5)
-    # Cuts of two drafts (12.8 ms bought): never settles.
-    fresh()
-    assert {weigh(5, (8, 10))[0] for _ in range(3 * SETTLE_WINDOW)} == {0}
-    # No cuts, depths 3 and 7 alternating: the lower median of the window is 3, and
-    # eight steps 0.8 ms of drafting away from it buy 6.4 ms: below 8 ms, settles at 3;
-    # with the scheduling measured at 0.3 ms a step (4.8 ms), not.
-    fresh()
-    for i in range(SETTLE_WINDOW):
-        left, depth = weigh(3 if i % 2 else 7)
-    assert (left, depth) == (SETTLE_STEPS, 3)
-    assert engine._settled_reqs == 1
-    fresh()
-    for i in range(SETTLE_WINDOW):
-        left, _ = weigh(3 if i % 2 else 7, host=(0.1, 0.1, 0.1))
-    assert left == 0
-    # Nothing cut and one depth throughout, but a draft more a request priced at or
-    # above a step's scheduling: two requests (0.8 ms against 0.5), or one request
-    # whose scheduling took 0.35 ms: never settles.
-    fresh()
-    assert {weigh(5, reqs=2)[0] for _ in range(2 * SETTLE_WINDOW)} == {0}
-    fresh()
-    assert {weigh(5, host=(0.1, 0.1, 0.15))[0] for _ in range(2 * SETTLE_WINDOW)} == {0}
-    # One slow step's scheduling (20 ms: a collection, the process descheduled) does not
-    # price deciding up: a step's scheduling is the window's median. Two requests, cuts
-    # of two drafts (0.8 ms bought a step against 0.5 ms, and a draft more a request
-    # 0.8 ms): never settles, slow step or not.
-    fresh()
-    for i in range(2 * SETTLE_WINDOW):
-        host = (0.1, 0.1, 19.8) if i == SETTLE_WINDOW - 1 else (0.1, 0.1, 0.3)
-        assert weigh(5, (8, 10), host=host, reqs=2)[0] == 0
-    # A step that did not draft, or drafted as the gate's probe, empties the log and
-    # ends a settled stretch; the window fills again before the next.
-    for spoiler in ({"depth": 0}, {"depth": 5, "overruled": True}):
-        fresh()
-        for _ in range(SETTLE_WINDOW):
-            weigh(5)
-        assert engine._settled_left == SETTLE_STEPS
-        weigh(**spoiler)
-        assert engine._settled_left == 0 and len(engine._settle_log) == 0
-        assert [weigh(5)[0] for _ in range(SETTLE_WINDOW)][-2:] == [0, SETTLE_STEPS]
-
-    # A cut beyond the cost model's tables is taken to matter.
-    def out_of_tables(*args):
-        raise ValueError("outside the tables")
-
-    monkeypatch.setattr(engine.verifier.cost_model, "step_costs_ms", out_of_tables)
-    fresh()
-    assert {weigh(5, (9, 10))[0] for _ in range(2 * SETTLE_WINDOW)} == {0}
-
-
-def test_a_settled_stretch_ends_when_the_batch_leaves_the_windows_size(
-    shaped, draft_model, monkeypatch
-):
-    """``EngineConfig.settle``: a stretch weighed on a median of 4 decoding requests
-    goes on from 2 to 8 of them and ends (forgetting the window) outside; an empty
-    scheduler forgets it too."""
-    from dspark.engine.engine import SETTLE_STEPS
-
-    engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, settle="on")
-    assert not engine.scheduler.running and engine._settled_left == 0
-    assert len(engine._settle_log) == 0
-    engine._settled_reqs = 4.0
-    assert [engine._stays_settled(n) for n in (1, 2, 4, 8, 9)] == [False, True, True, True, False]
-    engine._settle_log.append((5, 4, 4, 0.0, 0.5))
-    engine._settled_left = SETTLE_STEPS
-    engine._unsettle()
-    assert engine._settled_left == 0 and len(engine._settle_log) == 0
+    monkeypatch.setattr(lookahead_module.LookAhead, "decide_next", logged_ahead)
+    monkeypatch.setattr(AdaptivePolicy, "_admit", logged_admit)
+    monkeypatch.setattr(lookahead_module, "REUSE_SHARE", 0.8)
+    engine, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, exact=False)
+    assert engine.stats.share_plans == len(taken) >= 1
+    assert all(right for right, _ in taken)
+    assert not all(exact for _, exact in taken)  # changed batches among them
+    assert engine.stats.recut_plans == len(recut) >= 1 and all(recut)
+    monkeypatch.setattr(lookahead_module.LookAhead, "shares_budget", lambda *args: None)
+    off, _, _ = _adaptive_run(shaped, draft_model, "on", monkeypatch, exact=False)
+    assert off.stats.share_plans == off.stats.recut_plans == 0
+    # Fewer budgets planned while the drafter ran.
+    assert engine.stats.drafting_plans < off.stats.drafting_plans

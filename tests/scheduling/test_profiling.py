@@ -1,12 +1,7 @@
-import itertools
-
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from dspark.scheduling import StepTiming, cost_curves, profile_sizes
-from dspark.scheduling.profiling import monotone_curve
 
 
 def test_profile_sizes_adds_tail_past_capture_limit():
@@ -62,30 +57,6 @@ def test_step_timing_rejects_nonsense():
         StepTiming(1, 4, float("nan"), 1.0, True)
 
 
-def test_monotone_curve_pools_a_fall_with_its_neighbours():
-    # 3 then 2 pool to 2.5; then 1 falls below 2.5 and pools all three to 2.0.
-    curve = [(1, 1.0), (2, 3.0), (4, 2.0), (8, 4.0)]
-    assert monotone_curve(curve) == [(1, 1.0), (2, 2.5), (4, 2.5), (8, 4.0)]
-    assert monotone_curve([(1, 3.0), (2, 2.0), (4, 1.0)]) == [(1, 2.0), (2, 2.0), (4, 2.0)]
-
-
-def test_monotone_curve_keeps_a_rise_the_running_maximum_hides():
-    # A launch-bound profile: ~4 ms everywhere, one slow median at 4 tokens, and a real
-    # rise at 80 tokens. The running maximum prices 16..80 flat at 5.0; the fit keeps
-    # the rise.
-    curve = [(1, 4.0), (4, 5.0), (16, 3.9), (32, 3.9), (64, 3.8), (80, 4.4), (96, 4.5)]
-    fitted = dict(monotone_curve(curve))
-    assert fitted[64] == pytest.approx((5.0 + 3.9 + 3.9 + 3.8) / 4)  # 4..64 pooled: 4.15
-    assert fitted[80] == 4.4  # 0.25 ms above 64 tokens, where the maximum sees none
-    assert np.maximum.accumulate([ms for _, ms in curve])[5] == 5.0  # the seed's: flat
-
-
-def test_monotone_curve_leaves_a_rising_curve_alone():
-    curve = [(1, 1.0), (2, 1.0), (4, 2.5), (8, 7.0)]
-    assert monotone_curve(curve) == curve
-    assert monotone_curve([]) == []
-
-
 def _isotonic_oracle(values: list[float]) -> list[float]:
     """The min-max formula: the fit at i is max over j <= i of min over k >= i of the
     mean of values[j..k]."""
@@ -94,26 +65,3 @@ def _isotonic_oracle(values: list[float]) -> list[float]:
         max(min(float(np.mean(values[j : k + 1])) for k in range(i, n)) for j in range(i + 1))
         for i in range(n)
     ]
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=12))
-def test_monotone_curve_is_the_least_squares_non_decreasing_fit(values):
-    curve = [(size, ms) for size, ms in enumerate(values, start=1)]
-    fitted = [ms for _, ms in monotone_curve(curve)]
-    assert fitted == pytest.approx(_isotonic_oracle(values), abs=1e-9)
-    assert all(a <= b + 1e-12 for a, b in itertools.pairwise(fitted))
-    assert sum(fitted) == pytest.approx(sum(values), abs=1e-9)  # pooling keeps the mass
-
-
-@pytest.mark.parametrize(
-    ("curve", "match"),
-    [
-        ([(2, 1.0), (1, 2.0)], "ascending"),
-        ([(1, 1.0), (1, 2.0)], "ascending"),
-        ([(1, float("nan"))], "finite"),
-    ],
-)
-def test_monotone_curve_rejects_bad_curves(curve, match):
-    with pytest.raises(ValueError, match=match):
-        monotone_curve(curve)

@@ -3,7 +3,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dspark.scheduling.verifier as verifier_module
 from dspark.scheduling import AdaptiveVerifier, allocate_drafts, choose_draft_budget
 
 
@@ -128,49 +127,6 @@ def test_shares_of_a_budget_planned_ahead_by_hand():
     verifier.record(np.array([2, 0]), np.array([[0.9, 0.9, 0.9], [0.1, 0.1, 0.1]]))
     budget, shares = verifier.plan_shares(np.array([2, 0]), np.array([3, 3]), np.ones(2), 2)
     assert budget == 3 and shares.tolist() == [3, 0]
-
-
-def test_outcomes_give_realised_over_predicted_survival_by_hand(monkeypatch):
-    """Two verified rounds, one pseudo-slot of prior, no decay: survival [0.5, 0.25,
-    0.125] verified 3 deep, 1 accepted; [1, 0.5, 0.25] verified 2 deep, both accepted."""
-    monkeypatch.setattr(verifier_module, "CALIBRATION_PRIOR", 1.0)
-    monkeypatch.setattr(verifier_module, "CALIBRATION_DECAY", 1.0)
-    verifier = make()
-    assert verifier.calibration.tolist() == [1.0, 1.0, 1.0]
-    verifier.record_outcomes(
-        np.array([[0.5, 0.5, 0.5], [1.0, 0.5, 0.5]]), np.array([3, 2]), np.array([1, 2])
-    )
-    # predicted 1 + [1.5, 0.75, 0.125], realised 1 + [2, 1, 0]
-    np.testing.assert_allclose(verifier.calibration, [3 / 2.5, 2 / 1.75, 1 / 1.125])
-    with pytest.raises(ValueError, match="accepted at most admitted"):
-        verifier.record_outcomes(np.full((1, 3), 0.5), np.array([1]), np.array([2]))
-    with pytest.raises(ValueError, match="K=3"):
-        verifier.record_outcomes(np.full((1, 2), 0.5), np.array([1]), np.array([1]))
-
-
-def test_a_calibrated_plan_prices_the_corrected_survival(monkeypatch):
-    """Drafts whose third position never survives: the plan's budget becomes that of the
-    survival scaled by ``calibration`` (kept non-increasing and at most 1), and drops the
-    third draft (0.25 ms a token on a 1 ms step: 0.729 paid for it, its realised share
-    does not)."""
-    monkeypatch.setattr(verifier_module, "CALIBRATION_PRIOR", 16.0)
-    verifier = make(cost=LinearCost(1.0, 0.25))
-    verifier.add_request(0)
-    slots, drafts, non_draft = np.array([0]), np.array([3]), np.array([1])
-    for _ in range(2):
-        verifier.record(slots, np.full((1, 3), 0.9))
-    assert verifier.plan(slots, drafts, non_draft, 1) == 3
-    for _ in range(300):
-        verifier.record_outcomes(np.full((1, 3), 0.9), np.array([3]), np.array([2]))
-    calibration = verifier.calibration
-    assert calibration[2] < 0.5 and calibration[0] > 1.0
-    survival = np.minimum(np.minimum.accumulate(np.cumprod([0.9] * 3) * calibration), 1.0)
-    corrected = survival / np.r_[1.0, survival[:-1]]
-    budget = verifier.plan(slots, drafts, non_draft, 1)
-    assert budget == 2
-    assert budget == choose_draft_budget(
-        corrected[None], drafts, non_draft, 1, verifier.cost_model, 1000
-    )
 
 
 def test_stale_is_per_slot_and_skipped_steps_keep_the_last_record():
@@ -457,18 +413,6 @@ def _brute_depth_rates(survival, depth_ms, verify) -> np.ndarray:
     return np.array(rates)
 
 
-def _decided_with_margin(data, name: str, largest: float):
-    """A random depth case decided without, then with a drawn margin ``name`` (an
-    ``AdaptiveVerifier`` attribute) of at most ``largest``: (depth without, depth with,
-    the margin, the brute-force rates)."""
-    verifier, args, survival, depth_ms, verify = _random_depth_case(data)
-    plain = verifier.drafting_pays(*args)
-    margin = data.draw(st.floats(0.0, largest))
-    setattr(verifier, name, margin)
-    chosen = verifier.drafting_pays(*args)
-    return plain, chosen, margin, _brute_depth_rates(survival, depth_ms, verify)
-
-
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_drafting_depth_is_the_best_depth_and_budget_by_brute_force(data):
@@ -482,73 +426,6 @@ def test_drafting_depth_is_the_best_depth_and_budget_by_brute_force(data):
     else:
         assert rates[chosen] > without
         assert rates[chosen] >= best * (1 - 1e-9)
-
-
-def test_a_depth_margin_keeps_the_shallowest_depth_near_the_best():
-    args = (np.array([0]), np.array([3]), np.array([1]), 1)
-    # Survival 0.9, 0.81, 0.729; the drafter costs d ms at depth d; verifying T tokens
-    # 10 + 0.5 T ms: depth 1 1.9 / 12 = 0.1583, depth 2 2.71 / 13.5 = 0.2007, depth 3
-    # 3.439 / 15 = 0.2293 tok/ms; no drafter 1 / 10.5 = 0.0952.
-    verifier = _depth_verifier([0, 1, 2, 3], [0.9] * 3, 0.5)
-    assert verifier.drafting_pays(*args) == 3
-    verifier.depth_margin = 0.10  # depth 2 is 12.5% short of depth 3: still 3
-    assert verifier.drafting_pays(*args) == 3
-    verifier.depth_margin = 0.15  # within 15%: the shallower wins
-    assert verifier.drafting_pays(*args) == 2
-    verifier.depth_margin = 0.35  # depth 1 is 31% short: within, and the shallowest
-    assert verifier.drafting_pays(*args) == 1
-    assert verifier.probe_depth == 1
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.data())
-def test_a_depth_margin_picks_the_shallowest_near_best_depth_that_beats_no_drafter(data):
-    plain, chosen, margin, rates = _decided_with_margin(data, "depth_margin", 0.5)
-    tol = 1e-9
-    if plain == 0:
-        assert chosen == 0  # the margin never makes a step draft
-        return
-    assert chosen >= 1 and chosen <= plain
-    assert rates[chosen] > rates[0] * (1 - tol)
-    assert rates[chosen] >= rates[plain] * (1 - margin) * (1 - tol)
-    # No shallower depth was both near the best and better than not drafting.
-    for depth in range(1, chosen):
-        near = rates[depth] >= rates[plain] * (1 - margin) * (1 + tol)
-        assert not (near and rates[depth] > rates[0] * (1 + tol))
-
-
-def test_a_draft_margin_leaves_a_small_promised_gain_undrafted():
-    args = (np.array([0]), np.array([3]), np.array([1]), 1)
-    # Survival 0.9, 0.81, 0.729; a 7 ms drafter at every depth; verifying T tokens
-    # 10 + 0.5 T ms: depth 1 1.9 / 18 = 0.10556, depth 2 2.71 / 18.5 = 0.14649, depth 3
-    # 3.439 / 19 = 0.18100 tok/ms; no drafter 1 / 10.5 = 0.095238. Depth 3 promises
-    # 1.9005x not drafting, depth 2 1.5381x, depth 1 1.1083x.
-    verifier = _depth_verifier([0, 7, 7, 7], [0.9] * 3, 0.5)
-    assert verifier.drafting_pays(*args) == 3
-    verifier.draft_margin = 0.89  # 1.9005x clears 1.89x
-    assert verifier.drafting_pays(*args) == 3
-    verifier.draft_margin = 0.91  # it does not clear 1.91x: no drafter
-    assert verifier.drafting_pays(*args) == 0
-    assert verifier.probe_depth == 3  # a probe would still draft the best plan's depth
-    # The depth margin's shallower depths must clear the bar too: within 45% of depth 3
-    # (0.09955) are depths 1 and 2, and of them only depth 2 clears 1.2x.
-    verifier.draft_margin, verifier.depth_margin = 0.20, 0.45
-    assert verifier.drafting_pays(*args) == 2
-    verifier.draft_margin = 0.0  # without the bar, the shallowest near depth
-    assert verifier.drafting_pays(*args) == 1
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.data())
-def test_a_draft_margin_drafts_only_what_clears_it(data):
-    plain, chosen, margin, rates = _decided_with_margin(data, "draft_margin", 0.9)
-    bar, tol = rates[0] * (1 + margin), 1e-9
-    if chosen == 0:
-        # Either nothing paid at all, or the best plan did not clear the bar.
-        assert plain == 0 or rates[1:].max() <= bar * (1 + tol)
-    else:
-        assert chosen == plain  # a margin never changes which depth drafts
-        assert rates[chosen] > bar * (1 - tol)
 
 
 def test_probe_depth_is_the_best_drafted_plan_even_when_not_drafting_wins():

@@ -16,7 +16,7 @@ def free_port() -> int:
 
 class RunningServer:
     def __init__(self, max_pending=8, grace_seconds=30.0, max_num_seqs=4):
-        from dspark.engine.engine import EngineConfig
+        from dspark.engine.config import EngineConfig
         from dspark.server.serve import GracefulServer, create_app
 
         config = EngineConfig(

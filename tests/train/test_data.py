@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.config import EngineConfig
+from dspark.engine.engine import LLMEngine
 from dspark.engine.sampling import SamplingParams
 from dspark.train.data import DistillSet, generate_greedy, load_prompts, save_prompts
 

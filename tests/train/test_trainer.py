@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dspark.engine.config import EngineConfig
 from dspark.engine.drafter import DSparkDrafter
-from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.engine import LLMEngine
 from dspark.engine.sampling import SamplingParams
 from dspark.train.data import DistillSet, generate_greedy
 from dspark.train.trainer import (

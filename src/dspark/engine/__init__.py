@@ -1,13 +1,16 @@
 """The reference engine: continuous batching and speculative decoding on a real model."""
 
-from dspark.engine.engine import EngineConfig, EngineStats, LLMEngine, SpecMode
+from dspark.engine.config import AdaptiveConfig, EngineConfig, SpecMode
+from dspark.engine.engine import LLMEngine
 from dspark.engine.llm import LLM, RequestOutput
 from dspark.engine.request import FinishReason, PromptTooLongError
 from dspark.engine.sampling import SamplingParams
 from dspark.engine.speculative import Drafter, NgramDrafter, OnlineAcceptance, Proposal
+from dspark.engine.stats import EngineStats
 
 __all__ = [
     "LLM",
+    "AdaptiveConfig",
     "Drafter",
     "EngineConfig",
     "EngineStats",

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from dspark.engine.engine import EngineConfig, SpecMode
+from dspark.engine.config import EngineConfig, SpecMode
 from dspark.engine.llm import LLM
 from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import cache_dir, resolve_dtype

@@ -90,27 +90,7 @@ CAPTURE_AFTER_WASTE = 4.0
 steps' worth of tokens or key rows (``padding_waste`` summed). A capture stalls every
 request for one to ten steps (on an H200: 10-15 ms against 8-80 ms steps for the 8B
 shape, 17-45 ms against 4-7 ms for SmolLM2), while padded tokens cost little below the
-compute-bound sizes and at most their share of a step above them. The most an engine
-waits with ``EngineConfig.graph_padding_budget="auto"`` (``timed_padding_budget``)."""
-
-
-def timed_padding_budget(
-    capture_ms: float, forward_ms: float, limit: float = CAPTURE_AFTER_WASTE
-) -> float:
-    """Steps' worth of padding (``CaptureLedger.budget``) whose time matches one
-    capture's: ``capture_ms`` (a capture's measured host time) over ``forward_ms`` (a
-    forward's measured time), at most ``limit``. A padded step costs at most its padding's
-    share of a forward more (all of it where the step is compute-bound), so a shape is
-    captured once covering it may have cost what capturing it costs. For the 8B shape at
-    256 requests on an H200 (captures of 10-25 ms, forwards of 40-80 ms) that is about a
-    quarter of a step's worth; for SmolLM2 (captures of 17-45 ms, forwards of 4-7 ms) the
-    limit applies, padding costing a launch-bound step almost nothing. Opt-in: at 256 on
-    the 8B shape it ran as the fixed limit (session 26, ``docs/bench/h200_8b.md``)."""
-    if not (capture_ms >= 0.0 and forward_ms > 0.0):
-        raise ValueError(
-            f"capture_ms must be >= 0 and forward_ms > 0, got {capture_ms!r} and {forward_ms!r}"
-        )
-    return min(limit, capture_ms / forward_ms)
+compute-bound sizes and at most their share of a step above them."""
 
 
 def padding_waste(shape: StepShape, cover: StepShape) -> float | None:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.config import EngineConfig
+from dspark.engine.engine import LLMEngine
 from dspark.engine.request import FinishReason, Request
 from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import load_model

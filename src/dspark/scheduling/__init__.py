@@ -5,13 +5,11 @@ how many draft slots to verify, ``allocate_drafts`` (from fresh confidences) dec
 whose, and ``verification_layout`` places them in the packed batch. ``AdaptiveVerifier``
 keeps the per-slot confidences and runs that lifecycle for an engine; ``ThroughputGate``
 decides from measured step throughput whether drafting pays at all, and
-``ObservedDraftCost`` keeps the drafter's price in step with measured drafting time;
-``DepthCeiling`` caps the drafting depth where measurement says deeper steps do not pay.
+and ``ObservedDraftCost`` keeps the drafter's price in step with measured drafting time.
 """
 
 from dspark.scheduling.allocation import allocate_drafts
 from dspark.scheduling.budget import choose_draft_budget
-from dspark.scheduling.ceiling import DepthCeiling
 from dspark.scheduling.cost import (
     CostTables,
     ObservedDraftCost,
@@ -33,7 +31,6 @@ __all__ = [
     "PROFILE_REPLAYS",
     "AdaptiveVerifier",
     "CostTables",
-    "DepthCeiling",
     "ObservedDraftCost",
     "StepCostModel",
     "StepTiming",

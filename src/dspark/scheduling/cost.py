@@ -22,10 +22,6 @@ VERIFY_FLOOR_MS = 1e-6
 OVERHEAD_WINDOW = 16
 """Steps per request-count bucket (drafted and undrafted apart) behind a measured overhead."""
 
-TIME_SCALE_LIMITS = (0.25, 4.0)
-"""Bounds on one step's time scale (its forward's time over the forward's profiled price,
-``ObservedDraftCost.record_step``): a step outside them is read at the bound."""
-
 
 @runtime_checkable
 class StepCostModel(Protocol):
@@ -215,39 +211,6 @@ class ObservedDraftCost:
       one-deep drafting out of use on this CPU at temperature 1: 28 ms missed at depth
       7 was charged to depth 1 as well, and the engine stopped drafting).
 
-      ``slope_memory``: a bucket whose window held two depths or more has measured a
-      slope; when its window later holds one depth again (the engine settled on it),
-      shallower depths are priced from that depth's level down the last slope measured,
-      never below the ramp above, instead of by the ramp alone. The ramp prices
-      shallower drafts as nearly free where the drafter's pass costs about the same at
-      any depth: the SmolLM2 shape on an H200 at 256 requests (session 31, acceptance
-      replayed), drafting held 3 deep, priced drafting 1 and 2 deep 4.2 and 2.1 ms
-      below 3 deep (in a 29 ms step); left to choose, it went back to 1 or 2 deep in
-      runs of 3-6 steps between runs at 3-5 (a depth seen fewer than
-      ``LINE_MIN_STEPS`` times stays priced by the ramp), and its full-batch steps 1
-      and 2 deep emitted 15.0 and 16.3 tokens a ms against 16.8 at 3 deep. Deeper
-      depths stay priced as the measured one (optimistic), so a slope measured too
-      steep is still corrected by drafting deeper. Off by default: SmolLM2 + the shipped
-      drafter on an H200 (session 31, four or five interleaved repeats per level) ran
-      without it 1.003x, 1.074x, 0.954x and 1.023x as fast as with it at 256, 64, 16
-      and 1 requests, no consistent difference beside the host's own speed changes.
-
-    Machine speed (``record_step``'s ``forward_ms``): a machine whose speed wanders (a
-    shared CPU: this 2-core VM's forward at one request runs 0.65-1.3x its profiled time
-    from one second to the next) makes the two windows above disagree: drafted steps
-    mostly measured in a slow phase and undrafted ones in a fast one price drafting
-    several milliseconds too high, the engine stops drafting, and the undrafted window
-    then learns the slow phase while the drafted one keeps it. Given the step's target
-    forward time, the step's wall time is read at the profile's speed (divided by the
-    forward's time over its profiled price, the step's time scale) before the difference is
-    taken, and so is each proposal's time (at the latest step's scale): what the windows
-    keep is then in the profile's milliseconds whatever the phase they were measured in,
-    and prices of drafting and not drafting move together. (Every price is then in the
-    profile's milliseconds; a common scale changes no decision.) The cost: a step's
-    forward then counts at exactly its profiled price, so a profile that misprices what
-    the forward's draft tokens add is no longer corrected by the windows, which learn
-    only the rest of the step.
-
     ``depth_ms`` (``build_depth_costs``) prices drafting ``d < K`` positions per request:
     the drafter's sequential heads stop at the deepest draft any request may verify, so
     a shallow step costs less, and ``AdaptiveVerifier.drafting_pays`` chooses the depth
@@ -261,17 +224,9 @@ class ObservedDraftCost:
         decay: float = 0.8,
         depth_ms: np.ndarray | None = None,
         num_positions: int | None = None,
-        overhead_fit: str = "line",
-        key_row_ms: float = 0.0,
-        slope_memory: bool = False,
-        slope_noise: bool = False,
     ) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
-        if overhead_fit not in ("line", "depth"):
-            raise ValueError(f"overhead_fit must be 'line' or 'depth', got {overhead_fit!r}")
-        if not (math.isfinite(key_row_ms) and key_row_ms >= 0.0):
-            raise ValueError(f"key_row_ms must be a finite time >= 0, got {key_row_ms}")
         if depth_ms is not None:
             depth_ms = np.asarray(depth_ms, dtype=np.float64)
             if depth_ms.ndim != 2 or depth_ms.shape[0] < 2 or depth_ms.shape[1] < 1:
@@ -293,37 +248,11 @@ class ObservedDraftCost:
         self._overhead: dict[tuple[int, bool], tuple[float, float]] = {}
         # Drafted buckets whose window holds one depth so far: that depth.
         self._one_depth: dict[tuple[int, bool], int] = {}
-        # Drafted buckets' last slope measured through two depths or more (class doc,
-        # ``slope_memory``).
-        self.slope_memory = slope_memory
-        # Each drafted line's slope less its standard error (``_shrunk_slope``); off here,
-        # on in the engine by default (``EngineConfig.overhead_slope_noise``).
-        self.slope_noise = slope_noise
-        self._slopes: dict[tuple[int, bool], float] = {}
-        # overhead_fit "depth": drafted buckets' own median at each depth the window
-        # holds ``LINE_MIN_STEPS`` times or more (other depths: the line), for costs that
-        # do not grow as a line does. (Built when SmolLM2's steps on an H200 ran ~0.6 ms
-        # longer 4 deep than 2-3 deep; session 29 traced that to the batch's key span,
-        # not the depth, and the A/B gained nothing: off by default.)
-        self.overhead_fit = overhead_fit
-        # What a step's attention costs per key row it gathers (requests x padded key
-        # span), measured at start-up (0: not priced). Steps over longer contexts cost
-        # more whatever they draft (SmolLM2 on an H200 at 16 requests, session 29: 3.18,
-        # 3.47 and 4.05 ms for spans of 128, 256 and 512 keys at 4 tokens a request), and
-        # contexts grow through a run while its depths change: a window that mixes them
-        # would charge the context's share to whichever depths ran at long contexts. So
-        # each step's miss is read at the window's mean context (``record_step``).
-        self.key_row_ms = float(key_row_ms)
-        self._depth_medians: dict[tuple[int, bool], dict[int, float]] = {}
         # Prices asked for since the last measurement, by (request count, depth): a
         # step's decisions ask for the same few several times (the depth, then the
         # budget: four calls of ``draft_cost_ms`` each), and each is a dozen calls of
         # its own. Every ``record`` and ``record_step`` clears it.
         self._prices: dict[tuple[int, int | None], float] = {}
-        # The latest step's time scale: its forward's time over the forward's profiled
-        # price (2.0: the machine ran at half the profile's speed; ``record_step``'s
-        # ``forward_ms``; 1.0 until a step brings one).
-        self.time_scale = 1.0
 
     def _profiled(self, num_reqs: int, depth: int | None) -> float:
         table = self.depth_ms
@@ -338,7 +267,7 @@ class ObservedDraftCost:
         if not math.isfinite(drafting_ms) or drafting_ms < 0:  # per step: no NumPy call
             raise ValueError(f"drafting_ms must be a finite non-negative time, got {drafting_ms}")
         self._prices.clear()
-        ratio = drafting_ms / self.time_scale / max(self._profiled(num_reqs, depth), 1e-9)
+        ratio = drafting_ms / max(self._profiled(num_reqs, depth), 1e-9)
         old = self._ratio.get(num_reqs)
         self._ratio[num_reqs] = (
             ratio if old is None else self.decay * old + (1 - self.decay) * ratio
@@ -375,25 +304,12 @@ class ObservedDraftCost:
         intercept, slope = self._overhead[key]
         measured = self._one_depth.get(key)
         if measured is None:
-            line = intercept + slope * depths
-            own = self._depth_medians.get(key)
-            if not own:
-                return line
-            if np.ndim(depths) == 0:
-                return own.get(int(depths), line)
-            return np.array([own.get(int(d), v) for d, v in zip(depths, line, strict=True)])
+            return intercept + slope * depths
         undrafted = self._fit(num_reqs, True)
         start = 0.0 if undrafted is None else undrafted[0]
         if intercept <= start:
-            ramp = intercept + 0.0 * depths
-        else:
-            ramp = start + (intercept - start) * np.minimum(depths, measured) / measured
-        slope = self._slopes.get(key)
-        if slope is None:
-            return ramp
-        # Shallower: down the slope measured before, never below the ramp (class doc).
-        remembered = intercept - slope * np.maximum(measured - depths, 0)
-        return np.maximum(ramp, remembered)
+            return intercept + 0.0 * depths
+        return start + (intercept - start) * np.minimum(depths, measured) / measured
 
     def _fit(self, num_reqs: int, undrafted: bool) -> tuple[float, float] | None:
         """The overhead line of ``num_reqs``'s bucket, or of the nearest bucket measured
@@ -419,33 +335,18 @@ class ObservedDraftCost:
         depth: int,
         wall_ms: float,
         context_tokens: int = 0,
-        forward_ms: float | None = None,
         padded_tokens: int = 0,
-        key_rows: int | None = None,
     ) -> None:
-        """A whole step of ``num_reqs`` decoding requests (prompt chunks priced by the
-        profile alone are not recorded), ``num_tokens`` non-draft tokens and
-        ``num_drafts`` admitted drafts, drafted ``depth`` deep (0: undrafted), took
-        ``wall_ms``; the difference from its profiled price feeds ``overhead_ms``: per
-        request-count bucket, the median of the last ``OVERHEAD_WINDOW`` undrafted steps,
-        and a robust line in the depth through the last drafted ones (``_depth_line``).
-        ``forward_ms``: the step's target forward alone, if measured; the wall time is
-        then read at the profile's speed (class doc, machine speed). ``padded_tokens``:
-        tokens the step's forward ran beyond its own captured size (a CUDA graph of a
-        larger shape replayed while its own was not captured, ``CaptureLedger``); the
-        step is priced with them, as the profile prices a step at the size it runs, so
-        that a transient cover is not learnt as what drafting that deep costs (a depth
-        whose steps replay a much larger graph would look expensive and be drafted less,
-        and its shape then gathers the padding that gets it captured only slowly).
-        ``key_rows``: the key rows the step's attention gathered; with ``key_row_ms``
-        each miss in the window counts at the window's mean of them (its own less its
-        rows' cost, plus the mean rows' cost), so the line and the depths' medians
-        compare steps as if at one context, and the price level stays the recent
-        steps'."""
+        """A whole decoding step (``num_reqs`` requests, ``num_tokens`` non-draft tokens,
+        ``num_drafts`` admitted drafts, drafted ``depth`` deep, 0: undrafted) took
+        ``wall_ms``. What its profiled price missed feeds ``overhead_ms``: per request-count
+        bucket, undrafted and drafted steps apart, a robust line in the depth through the
+        last ``OVERHEAD_WINDOW`` steps. ``padded_tokens``: tokens its forward ran beyond its
+        own captured size (a larger graph covered it, ``CaptureLedger``); the step is
+        priced at the size it ran, so a transient cover is not learnt as drafting's price.
+        """
         if not np.isfinite(wall_ms) or wall_ms < 0:
             raise ValueError(f"wall_ms must be a finite non-negative time, got {wall_ms}")
-        if forward_ms is not None and not (math.isfinite(forward_ms) and forward_ms > 0):
-            raise ValueError(f"forward_ms must be a finite positive time, got {forward_ms}")
         if depth < 0 or num_drafts < 0 or (depth == 0 and num_drafts):
             raise ValueError(f"a step drafted {depth} deep cannot admit {num_drafts} drafts")
         if padded_tokens < 0:
@@ -457,38 +358,18 @@ class ObservedDraftCost:
             ran = max(num_drafts, min(ran, limit - num_tokens))
         costs = self.base.step_costs_ms(num_reqs, num_tokens, ran, context_tokens)
         price = float(costs[ran]) - self.base.draft_cost_ms(num_reqs)
-        if forward_ms is not None:  # price: the forward's profiled cost so far
-            low, high = TIME_SCALE_LIMITS
-            self.time_scale = min(max(forward_ms / max(price, VERIFY_FLOOR_MS), low), high)
-            wall_ms = wall_ms / self.time_scale
         if depth:
             price += self._profiled(num_reqs, depth) * self._scale(num_reqs)
         key = (int(num_reqs).bit_length(), depth == 0)
         window = self._missed.setdefault(key, deque(maxlen=OVERHEAD_WINDOW))
-        rows_ms = 0.0
-        if key_rows is not None and self.key_row_ms:
-            if key_rows < 0:
-                raise ValueError(f"key_rows must be >= 0, got {key_rows}")
-            rows_ms = self.key_row_ms * key_rows
-            if forward_ms is not None:
-                rows_ms /= self.time_scale
-        window.append((depth, wall_ms - price, rows_ms))
-        # The depths the line is drawn through (read at one context when rows are priced).
-        depths = _line_depths(_at_mean_context(window) if self.key_row_ms else window)
-        self._overhead[key] = _line_through(depths, self.slope_noise)
+        window.append((depth, wall_ms - price))
+        depths = _line_depths(window)
+        self._overhead[key] = _line_through(depths)
         if depth:
             if len(depths) == 1:
                 self._one_depth[key] = next(iter(depths))
             else:
                 self._one_depth.pop(key, None)
-                if self.slope_memory:
-                    self._slopes[key] = self._overhead[key][1]
-                if self.overhead_fit == "depth":
-                    self._depth_medians[key] = {
-                        d: statistics.median(v)
-                        for d, v in depths.items()
-                        if len(v) >= LINE_MIN_STEPS
-                    }
 
     def overhead_lines(self) -> dict[str, tuple[float, float]]:
         """What the measured steps taught, for reports: per request-count bucket and kind
@@ -534,13 +415,6 @@ class ObservedDraftCost:
         return costs + extra if extra else costs
 
 
-def _at_mean_context(window: deque) -> list[tuple[int, float]]:
-    """``(depth, ms missed)`` of a window of ``(depth, ms missed, rows' ms)``, each miss
-    read at the window's mean rows' cost (``ObservedDraftCost.record_step``)."""
-    mean_rows_ms = sum(entry[2] for entry in window) / len(window)
-    return [(depth, missed - rows_ms + mean_rows_ms) for depth, missed, rows_ms in window]
-
-
 LINE_MIN_STEPS = 3
 """Steps a drafting depth needs in the window to shape the overhead line, once another
 depth has as many (``_line_depths``): the median of three resists one stray step."""
@@ -559,7 +433,7 @@ def _line_depths(points: deque) -> dict[int, list[float]]:
     optimistically where they are one (``ObservedDraftCost``), so it is drafted and
     measured again. Until some depth has that many steps, every depth counts."""
     by_depth: dict[int, list[float]] = {}
-    for depth, value, *_ in points:  # window entries also carry their rows' cost
+    for depth, value in points:
         by_depth.setdefault(depth, []).append(value)
     if len(by_depth) > 1 and any(len(v) >= LINE_MIN_STEPS for v in by_depth.values()):
         by_depth = {d: v for d, v in by_depth.items() if len(v) >= LINE_MIN_STEPS}
@@ -577,9 +451,8 @@ def _depth_line(points: deque) -> tuple[float, float]:
     return _line_through(_line_depths(points))
 
 
-def _line_through(by_depth: dict[int, list[float]], shrink: bool = False) -> tuple[float, float]:
-    """``_depth_line`` of the values ``_line_depths`` kept; ``shrink``: the slope less
-    its standard error (``_shrunk_slope``)."""
+def _line_through(by_depth: dict[int, list[float]]) -> tuple[float, float]:
+    """``_depth_line`` of the values ``_line_depths`` kept."""
     medians = sorted((d, statistics.median(values)) for d, values in by_depth.items())
     if len(medians) == 1:
         return medians[0][1], 0.0
@@ -590,40 +463,4 @@ def _line_through(by_depth: dict[int, list[float]], shrink: bool = False) -> tup
     # A deeper draft never costs less (noisy steps can suggest it, and a falling line
     # would make the deepest drafts look cheapest): no slope below 0.
     slope = max(slope, 0.0)
-    if shrink and slope > 0.0:
-        slope = _shrunk_slope(slope, by_depth)
     return statistics.median(v - slope * d for d, v in medians), slope
-
-
-def _shrunk_slope(slope: float, by_depth: dict[int, list[float]]) -> float:
-    """``slope`` less one standard error (never below 0), the error read between the
-    window's two most measured depths. A step's noise is the pooled median absolute
-    deviation of the steps from their depth's median (times 1.4826, a normal spread's);
-    a median of ``n`` steps has about 1.2533 / sqrt(n) of it. Left as it is when no
-    depth holds two steps (nothing to read the noise from).
-
-    Why: two depths' medians over a 16-step window differ by noise alone, and the line
-    keeps no negative slope, so a depth that costs no more than another is priced above
-    it about half the time, and never below to even it out: on average by 0.4 standard
-    errors for normal noise. The engine then drafts the shallower depth. Less one error
-    (as read from the window), that bias was a third as large in the test of two equally
-    costly depths (0.04 against 0.12 ms a depth at 0.5 ms of noise a step), and a real
-    slope is priced one error low (optimistically: the deeper depth is drafted, so both
-    stay measured and the line corrects)."""
-    residuals = [abs(v - m) for v, m in _with_medians(by_depth)]
-    if not residuals:
-        return slope
-    noise = 1.4826 * statistics.median(residuals)
-    (d1, n1), (d2, n2) = sorted(
-        ((d, len(v)) for d, v in by_depth.items()), key=lambda item: (-item[1], item[0])
-    )[:2]
-    se = 1.2533 * noise * math.sqrt(1.0 / n1 + 1.0 / n2) / abs(d1 - d2)
-    return max(slope - se, 0.0)
-
-
-def _with_medians(by_depth: dict[int, list[float]]):
-    """``(value, its depth's median)`` for every value of a depth holding two or more."""
-    for values in by_depth.values():
-        if len(values) >= 2:
-            median = statistics.median(values)
-            yield from ((v, median) for v in values)

@@ -68,38 +68,6 @@ def median_curve(points: Iterable[tuple[int, float]]) -> Curve:
     return [(size, float(np.median(ms))) for size, ms in sorted(grouped.items())]
 
 
-def monotone_curve(curve: Sequence[tuple[int, float]]) -> Curve:
-    """The non-decreasing curve closest to ``curve``'s costs in least squares (isotonic
-    regression: adjacent sizes that fall are pooled to their mean until none does).
-
-    The seed makes profiled costs non-decreasing with a running maximum, which keeps
-    every noisy high point and lifts each larger size to it. Where step time hardly
-    grows with the token count (a small model replaying CUDA graphs, whose steps cost
-    the host's launches), one slow median among the small sizes then prices every
-    larger step the same, and a real rise further up can vanish under it. Pooling keeps
-    such a rise and spreads a stray point over its neighbours. A curve that never falls
-    is returned unchanged. (On the H200's SmolLM2 profiles of session 29 the two differ
-    by at most 0.14 ms.)
-    """
-    sizes = [int(size) for size, _ in curve]
-    if sizes != sorted(set(sizes)):
-        raise ValueError(f"curve sizes must be strictly ascending, got {sizes}")
-    means: list[float] = []  # pooled blocks, left to right: mean and member count
-    counts: list[int] = []
-    for _, ms in curve:
-        mean, count = float(ms), 1
-        if not np.isfinite(mean):
-            raise ValueError(f"curve costs must be finite, got {ms}")
-        while means and means[-1] > mean:
-            total = means.pop() * counts[-1] + mean * count
-            count += counts.pop()
-            mean = total / count
-        means.append(mean)
-        counts.append(count)
-    fitted = np.repeat(means, counts)
-    return [(size, float(ms)) for size, ms in zip(sizes, fitted, strict=True)]
-
-
 def cost_curves(samples: Iterable[StepTiming]) -> tuple[Curve, Curve]:
     """Per-size median curves ``(draft_curve, verify_curve)`` from profiling samples.
 

@@ -103,18 +103,6 @@ POPULATION_ROUND_DECAY ** n)`` of the population's weight on earlier rounds: at 
 request a memory of about two hundred rounds (not ten), from about 21 requests on one of
 about ten calls (thousands of rounds at hundreds of requests), as before."""
 
-CALIBRATION_PRIOR = 256.0
-"""Verified slots of perfect calibration each position starts with (``record_outcomes``):
-the correction moves away from 1 only as real outcomes outweigh them."""
-
-CALIBRATION_DECAY = 0.9999
-"""Weight kept on earlier outcomes per verified request (a memory of about ten thousand).
-Replaying perfectly calibrated rounds (the published chat trace, 16 requests a call,
-verified 3-7 deep; ``scripts/calibration_noise.py``), the correction stays within
-0.95-1.04 at every position over the second half of 1,000 calls; with a memory of a
-thousand and 64 prior slots it wandered over 0.75-1.27 at the deepest positions, noise
-that moves depth decisions."""
-
 PREDICTIVENESS_MIN_PAIRS = 64
 """Consecutive-round pairs (weighted by the running decay) before ``predictiveness`` is
 measured rather than assumed to be 1."""
@@ -165,22 +153,6 @@ class AdaptiveVerifier:
         # The depth of the best drafted plan in the last ``drafting_pays``, even when not
         # drafting was better (0: nothing to draft): what a probe of drafting would use.
         self.probe_depth = 0
-        # ``drafting_pays``: the shallowest drafted depth whose rate is within this share
-        # of the best depth's (and beats not drafting) is chosen (0: the best rate wins).
-        self.depth_margin = 0.0
-        # ``drafting_pays``: drafting must promise more than this share above the tokens per
-        # ms of not drafting (0: any gain drafts). Its figures are estimates (confidences,
-        # a profile, learnt overheads), and where drafting barely pays they can be wrong
-        # either way; the costs are not even: wrongly drafted, a step pays for the drafter
-        # and the verified drafts, while wrongly not drafted it forgoes a gain the margin
-        # bounds. The shallower depths ``depth_margin`` considers must clear it too.
-        self.draft_margin = 0.0
-        # Decayed sums over verified draft slots, per position: the survival the drafter
-        # gave them, and how many survived (``record_outcomes``); their ratio corrects
-        # the survival every plan prices.
-        self._predicted_sum = np.full(num_positions, CALIBRATION_PRIOR)
-        self._realised_sum = np.full(num_positions, CALIBRATION_PRIOR)
-        self._calibration: np.ndarray | None = None  # None until an outcome is recorded
 
     @property
     def max_num_slots(self) -> int:
@@ -250,56 +222,6 @@ class AdaptiveVerifier:
             return
         correlation = (sxy / weight - sx * sy / weight**2) / (var_x * var_y) ** 0.5
         self._predictiveness = min(max(correlation, 0.0), 1.0)
-
-    def record_outcomes(
-        self, confidences: np.ndarray, admitted: np.ndarray, accepted: np.ndarray
-    ) -> None:
-        """Verified rounds: ``confidences`` ``[n, K]`` as the drafter gave them for those
-        drafts, ``admitted`` drafts verified per request and ``accepted`` of those
-        accepted. Each verified slot adds its survival to its position's predicted sum
-        and whether it survived (``accepted`` past it) to the realised sum; the ratio,
-        ``calibration``, scales the survival every plan prices (``plan``,
-        ``plan_shares``, ``drafting_pays``). A calibrated drafter leaves it near 1. The
-        shipped SmolLM2 drafter's confidences run high, most at the fifth position: over
-        2,613 rounds it drafted on an H200 (``scripts/calibration_noise.py``), the mean
-        survival at positions 1-7 was 0.485, 0.248, 0.140, 0.076, 0.062, 0.034, 0.020
-        and the share that survived 0.455, 0.221, 0.131, 0.070, 0.043, 0.031, 0.020;
-        uncorrected, deep positions are priced above what they return and near-ties
-        between depths go to drafting deeper.
-
-        Outcomes are of drafts already verified: no plan of a step can read its own
-        drafts through them, so planning stays as lossless as ``plan``. The allocation
-        is not corrected (it ranks this round's own confidences, as the seed does)."""
-        confidences = as_confidences("confidences", confidences)
-        num_reqs, k = confidences.shape
-        if k != self.num_positions:
-            raise ValueError(f"confidences must have K={self.num_positions} columns, got {k}")
-        admitted = as_counts("admitted", admitted, num_reqs)
-        accepted = as_counts("accepted", accepted, num_reqs)
-        if num_reqs == 0:
-            return
-        if np.maximum.reduce(admitted) > k or (accepted > admitted).any():
-            raise ValueError(
-                f"admitted must be at most K={k} and accepted at most admitted, got "
-                f"{admitted.tolist()} and {accepted.tolist()}"
-            )
-        positions = np.arange(k)
-        verified = positions < admitted[:, None]  # [n, K]
-        survival = np.cumprod(confidences.astype(np.float64), axis=1)
-        decay = CALIBRATION_DECAY**num_reqs
-        self._predicted_sum *= decay
-        self._predicted_sum += np.add.reduce(survival * verified, axis=0)
-        self._realised_sum *= decay
-        self._realised_sum += np.add.reduce(positions < accepted[:, None], axis=0)
-        self._calibration = self._realised_sum / self._predicted_sum
-
-    @property
-    def calibration(self) -> np.ndarray:
-        """``[K]`` realised over predicted survival of verified drafts, per position
-        (``record_outcomes``); ones until an outcome is recorded."""
-        if self._calibration is None:
-            return np.ones(self.num_positions)
-        return self._calibration.copy()
 
     @property
     def predictiveness(self) -> float:
@@ -521,14 +443,8 @@ class AdaptiveVerifier:
             draft_ms,
         )
         best = int(rates[1:].argmax()) + 1  # the first maximum: ties go shallower
-        bar = rates[0] * (1.0 + self.draft_margin)  # what a drafted plan must beat
-        if self.depth_margin and best > 1 and np.isfinite(rates[best]):
-            shallower = rates[1:best]
-            near = (shallower >= rates[best] * (1.0 - self.depth_margin)) & (shallower > bar)
-            if near.any():
-                best = int(near.argmax()) + 1
         self.probe_depth = best if np.isfinite(rates[best]) else 0
-        return best if rates[best] > bar else 0
+        return best if rates[best] > rates[0] else 0
 
     def predicted_survival(self, slots: np.ndarray) -> np.ndarray:
         """``[num_reqs, K]`` survival that ``drafting_pays`` expects of the slots' coming
@@ -570,12 +486,6 @@ class AdaptiveVerifier:
         if cap == 0:
             return None
         survival = self._stale.take(slots, axis=0) if state is None else state
-        if self._calibration is not None:
-            # Realised over predicted, per position; survival stays in [0, 1] and never
-            # rises along a request (a prefix of its drafts is what verification keeps).
-            survival *= self._calibration
-            np.minimum.accumulate(survival, axis=1, out=survival)
-            np.minimum(survival, 1.0, out=survival)
         depth = k
         if not drafts.is_full:
             survival *= drafts.counts[:, None] > np.arange(k)

@@ -10,7 +10,7 @@ import argparse
 
 import torch
 
-from dspark.engine.engine import EngineConfig, SpecMode
+from dspark.engine.config import EngineConfig, SpecMode
 from dspark.models.loader import cache_dir, resolve_dtype
 
 

@@ -7,7 +7,8 @@ import threading
 import torch
 from fastapi import FastAPI
 
-from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.config import EngineConfig
+from dspark.engine.engine import LLMEngine
 from dspark.models.loader import DEFAULT_MODEL, load_model
 from dspark.server.app import build_app
 from dspark.server.runner import EngineRunner

@@ -129,8 +129,9 @@ def engine_ab(
     """Fixed-K decoding of ``prompts`` with the drafter in ``directory`` drafting from
     each vocabulary (None: the whole one), one request at a time, the variants interleaved
     prompt by prompt after one warm-up request each. Prompt i samples with seed i."""
+    from dspark.engine.config import EngineConfig
     from dspark.engine.drafter import DSparkDrafter
-    from dspark.engine.engine import EngineConfig, LLMEngine
+    from dspark.engine.engine import LLMEngine
     from dspark.engine.sampling import SamplingParams
     from dspark.models.drafter import load_drafter
 
@@ -222,7 +223,7 @@ def main(args: argparse.Namespace) -> None:
             f"{timing[n]:>11.3f}"
         )
     if args.engine_prompts > 0:
-        from dspark.engine.drafter import find_drafter
+        from dspark.engine.shipped import find_drafter
         from dspark.train.data import sharegpt_prompts
 
         directory = args.drafter or find_drafter(loaded.config, required=True)

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dspark.engine.engine import EngineConfig, LLMEngine
+from dspark.engine.config import EngineConfig
+from dspark.engine.engine import LLMEngine
 from dspark.engine.sampling import SamplingParams
 from dspark.figures import save_figure
 from dspark.models.loader import load_model, resolve_dtype
