@@ -499,8 +499,7 @@ def test_a_changed_batch_may_take_the_depth_decided_ahead(shaped, draft_model, m
     decide = AdaptivePolicy._decide_depth
 
     def logged_depth(self, batch, limits):
-        reused, hits = self.stats.lookahead_hits, self.stats.lookahead_hits
-        reused = self.stats.lookahead_reused
+        reused, hits = self.stats.lookahead_reused, self.stats.lookahead_hits
         decision = self.lookahead.decision
         ahead = decision if decision is not None and decision.step == self._step else None
         depth = decide(self, batch, limits)

@@ -114,9 +114,9 @@ class ContextWriter(_RowGraphs):
     row count, captured the first time it is met, when ``capture``).
 
     Eagerly the update is a dozen small kernels per call and two index copies to the
-    device, bound by launches on a GPU (about 0.7 ms a step for SmolLM2's drafter on an
-    H200). Here the rows' positions and cache rows go to the device in one staged copy,
-    the features into a fixed buffer, and one replay does the rest. Padding rows write to
+    device, bound by launches on a GPU. Here the rows' positions and cache rows go to the
+    device in one staged copy, the features into a fixed buffer, and one replay does the
+    rest. Padding rows write to
     the scratch row of the padded block passes (``PaddedStepRunner``), which no request
     reads. Without ``capture`` (CPU, tests) the same padded body runs eagerly.
     """
@@ -177,8 +177,7 @@ class DraftHeads(_RowGraphs):
 
     Eagerly each position is a dozen small kernels (the Markov memory, the LM head, the
     confidence head, the argmax; a sampling batch adds its distributions and draws),
-    bound by launches on a GPU: about 0.13 ms a greedy position for SmolLM2's drafter at
-    16 requests on an H200. Replayed, a position costs its kernels' device time. The rows
+    bound by launches on a GPU. Replayed, a position costs its kernels' device time. The rows
     pad to ``token_sizes``; padding rows hold whatever earlier proposals left there, and
     every operation is per row, so they change no real row. Without ``capture`` (CPU,
     tests) the same padded body runs eagerly.

@@ -82,7 +82,8 @@ class DSparkDrafter:
         self.tables: dict[str, BlockTable] = {}
         self.lengths: dict[str, int] = {}  # context positions cached per request
         # Cut the block pass to the proposal's deepest draft and one mask position after
-        # it (``EngineConfig.draft_block``); False: the whole block of K, as trained.
+        # it (the engine cuts it: a shallow step pays a shallow pass); False: the whole
+        # block of K, as trained.
         self.block_cut = False
         self.graphs: PaddedStepRunner | None = None
         self.context_graphs: ContextWriter | None = None

@@ -1,9 +1,8 @@
 """CUDA graphs for packed, variable-length steps: every step padded to a captured shape.
 
-An eager step of a large model on a GPU is bound by kernel launches (an 8B-shaped step
-took 26 ms for one token on an H200, about four times its weight-read time). A CUDA
-graph replays the whole forward with one launch, but only for fixed shapes and fixed
-buffers, while a verify step has per-request query lengths that change every step.
+An eager step on a GPU is bound by kernel launches, well above its weight-read time. A
+CUDA graph replays the whole forward with one launch, but only for fixed shapes and
+fixed buffers, while a verify step has per-request query lengths that change every step.
 
 The layout that makes every step one of few shapes:
 
@@ -25,9 +24,9 @@ The layout that makes every step one of few shapes:
 The same layout runs without capture (``capture=False``; the CPU, and tests comparing it
 with the unpadded path), so what the graph computes is checked where graphs do not exist.
 Graphs are captured lazily into one memory pool. A capture stalls every request for
-several steps (17-45 ms for SmolLM2 on an H200, against 4-7 ms a step), and a step of an
-adaptive engine meets many shapes (its token count moves with the budget), so a shape not
-captured yet replays a captured one that holds it when one pads it modestly
+several steps, and a step of an adaptive engine meets many shapes (its token count moves
+with the budget), so a shape not captured yet replays a captured one that holds it when
+one pads it modestly
 (``padding_waste``), and is captured itself only once that padding has added up to what
 a capture costs (``CaptureLedger``); a shape that no captured graph holds is captured at
 once.
@@ -87,10 +86,9 @@ SMALL_KEY_ROWS = 2048
 
 CAPTURE_AFTER_WASTE = 4.0
 """A shape is captured once replaying larger ones for it has padded, in all, this many
-steps' worth of tokens or key rows (``padding_waste`` summed). A capture stalls every
-request for one to ten steps (on an H200: 10-15 ms against 8-80 ms steps for the 8B
-shape, 17-45 ms against 4-7 ms for SmolLM2), while padded tokens cost little below the
-compute-bound sizes and at most their share of a step above them."""
+steps' worth of tokens or key rows (``padding_waste`` summed): a capture stalls every
+request for one to ten steps, while padded tokens cost little below the compute-bound
+sizes and at most their share of a step above them."""
 
 
 def padding_waste(shape: StepShape, cover: StepShape) -> float | None:
@@ -208,11 +206,8 @@ def capture_graph(
     The cycle collector is off while capturing: a collection that lands inside the
     capture and frees the CUDA memory or graphs of objects no longer used (an engine
     dropped earlier, whose scheduler and engine refer to each other) would make calls
-    that a stream capture does not allow. That is the likely cause of the one capture
-    that failed so far ("operation failed due to a previous error during capture",
-    session 31: ``scripts/gpu/step_trace.py``'s fifth engine in one process, when it did
-    not yet collect between engines as ``dspark bench`` does). ``torch.cuda.graph``
-    collects before it begins."""
+    that a stream capture does not allow ("operation failed due to a previous error
+    during capture"). ``torch.cuda.graph`` collects before it begins."""
     if warm_up:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

@@ -1,12 +1,11 @@
 """Python's cyclic garbage collector and a serving loop.
 
 A full (oldest-generation) collection walks every tracked object in the process: the
-model's modules and parameters, the tokenizer, transformers' and torch's own state. On
-this project's 2-core CPU that is about 340,000 objects and 165 ms with SmolLM2 loaded,
-and CPython starts one on its own whenever enough objects have survived the younger
-generations, in the middle of whichever step allocated the last of them. At an H200's
-6 ms steps one such pause costs a few steps' worth of tokens, and in a benchmark run of
-two seconds it lands in one configuration and not another.
+model's modules and parameters, the tokenizer, transformers' and torch's own state,
+hundreds of thousands of objects. CPython starts one on its own whenever enough objects
+have survived the younger generations, in the middle of whichever step allocated the
+last of them: a pause of several GPU steps, which in a short benchmark run lands in one
+configuration and not another.
 
 Almost none of those objects ever becomes garbage: they live as long as the server.
 ``gc.freeze()`` moves every object alive at the call into a permanent generation that
@@ -18,9 +17,7 @@ its memory, so a process that builds engines one after another (the benchmark) u
 before dropping one (``frozen_heap``). Only a heap frozen for the rest of the process
 (``keep_heap_frozen``, which ``dspark serve`` calls) stays frozen after such a block: a
 heap frozen before it by anyone else is thawed too, since Python cannot thaw part of it
-(the GPU machine's Python 3.12 starts with 375 objects frozen; left frozen, every engine
-of the 8B benchmark at 256 requests was kept, and the seventh ran out of the H200's
-141 GB, ``scripts/gpu/engine_leak.py``).
+(left frozen, every engine a benchmark drops would keep its GPU memory).
 
 ``CollectorPauses`` counts what the collector did during a window, by generation, so that
 a benchmark can say whether a full collection fell inside a measured run.

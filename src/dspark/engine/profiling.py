@@ -71,8 +71,7 @@ class EngineProfile:
     # [path, rows] per row count; None where there is none): timed under another plan,
     # the costs are another's.
     row_plan: list[list | None] | None = None
-    # Whether the drafter's block pass was cut to each depth (``EngineConfig.draft_block``):
-    # the drafter's times were measured so.
+    # Whether the drafter's block pass was cut to each depth: its times were measured so.
     block_cut: bool = False
     # Whether the engine's KV caches had regions (``EngineConfig.kv_regions``): attention
     # read the cached rows of a batch in place rather than gathered.
@@ -274,12 +273,9 @@ def _dummy_step(
                     if prepare is not None:
                         prepare(dummy)
                 # On a GPU the proposal timed first after a forward runs slower, whatever
-                # its depth (the 8B shape on an H200: 0.05-0.3 ms at 1-64 requests,
-                # scripts/gpu/depth_order.py), and the full block, always timed first,
-                # was priced 0.4 ms above the line through the shallower depths. So an
-                # untimed proposal goes first, and the timed order rotates per replay
-                # (profile_engine): one more position costs the heads' own time. What
-                # real steps pay around the passes the engine learns (ObservedDraftCost).
+                # its depth: an untimed proposal goes first, and the timed order rotates
+                # per replay (profile_engine). What real steps pay around the passes the
+                # engine learns (ObservedDraftCost).
                 drafter.propose(dummies, np.full(len(query), min(depths)))
                 for depth in depths:  # proposing reads the drafter's context, never moves it
                     start = runner.clock()

@@ -1,7 +1,7 @@
 """Replayed acceptance: real GPU timing of a large target, acceptance from a recorded trace.
 
 Adaptive verification matters where a verified token costs real GPU time, which a 135M
-model on an H200 never shows (its steps are launch-bound). ``dspark bench --shape
+model never shows on a large GPU (its steps are launch-bound). ``dspark bench --shape
 llama3-8b`` therefore runs an 8B-shaped target with random weights, and a DSpark drafter
 of matching shape with random weights, both for real: every step computes what the real
 models would. What random weights cannot give is acceptance, so ``ReplayDrafter`` replays
@@ -195,9 +195,6 @@ class ReplayDrafter:
         self.seed = seed
         self._id_keys: dict[str, int] = {}
         self._pending: dict[str, int] = {}
-        self._device_confidences = torch.from_numpy(
-            trace.confidences[:, : self.num_positions].copy()
-        )
 
     @property
     def runs_host_work_while_drafting(self) -> bool:
@@ -216,14 +213,10 @@ class ReplayDrafter:
         rounds = self.rounds_for(requests)
         for request, index in zip(requests, rounds, strict=True):
             self._pending[request.request_id] = int(self.trace.accepted[index])
-        device = getattr(self.inner, "device", torch.device("cpu"))
-        if self._device_confidences.device != torch.device(device):
-            self._device_confidences = self._device_confidences.to(device)
         return Proposal(
             proposal.tokens,
             proposal.draft_probs,
             self.trace.confidences[rounds, : self.num_positions],
-            self._device_confidences[torch.from_numpy(rounds).to(device)],
         )
 
     def rounds_for(self, requests: Sequence[Request]) -> np.ndarray:

@@ -27,8 +27,8 @@ class ModelRunner:
         param = next(self.model.parameters())
         self.device, self.dtype = param.device, param.dtype
         if self.device.type == "cuda":
-            # cuDNN's attention plans every new shape on the host (1.3-2.9 ms a call on an
-            # H200), and every step brings new key lengths. Process-wide.
+            # cuDNN's attention plans every new shape on the host, milliseconds a call,
+            # and every step brings new key lengths. Process-wide.
             torch.backends.cuda.enable_cudnn_sdp(False)
         weights_of = getattr(self.model, "linear_weights", None)
         if self.device.type == "cpu" and weights_of is not None:

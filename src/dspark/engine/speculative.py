@@ -36,10 +36,6 @@ class Proposal:
     tokens: list[list[int]]
     draft_probs: list[torch.Tensor | None]  # [d, V] per request; None: deterministic drafts
     confidences: np.ndarray | None  # [n, K] from a confidence head; None: the drafter has none
-    # The same confidences where the drafter computed them (the engine's device), for the
-    # allocation on device (``dspark.ops``); None: only the host copy exists. It may be a
-    # view of the drafter's own buffers (a replayed graph's): read it before the next proposal.
-    device_confidences: torch.Tensor | None = None
 
 
 class Drafter(Protocol):
@@ -50,8 +46,8 @@ class Drafter(Protocol):
     (``dspark.engine.drafter.DSparkDrafter``). A drafter whose proposal runs on a device
     may also take ``propose(..., while_drafting=fn)``, and says so with
     ``runs_host_work_while_drafting = True``: it calls ``fn()`` once, after queueing the
-    proposal's device work and before waiting for it, so that the engine's host work
-    (``LLMEngine._draft``: the step's budget) overlaps the drafter's passes."""
+    proposal's device work and before waiting for it, so that the policy's host work
+    (the step's budget) overlaps the drafter's passes."""
 
     num_positions: int  # K, the most drafts proposed per request
 
