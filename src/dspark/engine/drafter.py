@@ -238,21 +238,19 @@ class DSparkDrafter:
         if while_drafting is not None:  # queued, not waited on: the device drafts meanwhile
             while_drafting()
         drafted_host = drafted.tolist()
-        on_device = None
         if computed is not None:
-            if len(ready) == num:
-                on_device = computed
-            else:
-                on_device = torch.zeros(num, k, dtype=computed.dtype, device=computed.device)
-                on_device[torch.tensor(ready, device=computed.device)] = computed
-            confidences = on_device.cpu().numpy()  # the host copy, for the stale plan
+            rows = computed
+            if len(ready) < num:  # requests not ready to draft get zero rows
+                rows = torch.zeros(num, k, dtype=computed.dtype, device=computed.device)
+                rows[torch.tensor(ready, device=computed.device)] = computed
+            confidences = rows.cpu().numpy()
         for row, i in enumerate(ready):
             tokens[i] = drafted_host[row]
             if sampled_probs[row] is not None:
                 probs[i] = sampled_probs[row]
         if not self.has_confidence:
             return Proposal(tokens, probs, None)
-        return Proposal(tokens, probs, confidences, on_device)
+        return Proposal(tokens, probs, confidences)
 
     def _block_pass(self, ids, positions, batch, anchors=None) -> torch.Tensor:
         """The draft layers over packed blocks: ``[n·w, d]`` after the final norm. The
