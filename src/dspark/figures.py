@@ -1,8 +1,8 @@
 """Saving matplotlib figures small enough to keep in the repository.
 
 Our plots are lines and text on a white ground, so a 256-colour palette loses nothing a
-reader can see and cuts the file to about a third. Every GPU-machine call carries the
-whole checkout, and the results folder is most of it.
+reader can see and makes the files much smaller, which matters for figures kept in the
+repository.
 """
 
 from __future__ import annotations

@@ -281,7 +281,7 @@ def test_sliced_tpot_leaves_out_the_other_loops_turns(tiny):
     # for a second with a request of the fast one in flight. Counted, that gap would
     # make that request's first token to finish last over a second; its own steps fit in
     # the window's 0.3 s and one step past it (a second leaves room for a busy machine's
-    # slow steps: session 42 saw the half second this test slept before fall short).
+    # slow steps).
     assert fast.engine.idle_s >= 1.0
     assert result.requests == len(fast.finished) > 0
     assert max(r.finish_time - r.first_token_time for r in fast.finished) < 0.9
@@ -318,11 +318,9 @@ def test_sliced_loops_of_long_and_short_steps_end_the_window_together(tiny):
         )
     sliced_windows(loops, window_s=0.6, slice_s=0.05)
     # Each turn runs to the round's target of own time: the long steps' overruns are
-    # repaid, so both loops take their turn in the last round (with slices of fixed
-    # length the short-step loop ran its last turns alone).
+    # repaid, so both loops take their turn in the last round.
     # A loop whose step overran a round's target by more than a slice sits rounds out
-    # (none unless the machine is busy: session 42's run beside other tests had a
-    # short-step loop two turns behind): one turn apart, and as many more as the longest
+    # (none unless the machine is busy): one turn apart, and as many more as the longest
     # step spans slices; and only when no step spanned a slice must both have taken the
     # last round (else one may have reached the window's end a round early).
     overruns = int(max(longest) / 0.05)

@@ -243,7 +243,7 @@ def test_one_measured_depth_prices_the_others_optimistically():
     # Undrafted steps missing 3 ms: the ramp starts there.
     cost.record_step(4, 4, 0, 0, 17.0)
     assert [cost.overhead_ms(4, d) for d in (0, 1, 2, 3)] == pytest.approx([3.0, 5.0, 7.0, 9.0])
-    # A second depth measured: the line through both (3 + 2 · depth), as before.
+    # A second depth measured: the line through both (3 + 2 · depth), as in the test above.
     cost.record_step(4, 4, 4, 1, 24.0)  # priced 19, missed 5
     assert [cost.overhead_ms(4, d) for d in (1, 2, 3)] == pytest.approx([5.0, 7.0, 9.0])
     cost.record_step(4, 4, 4, 1, 26.0)  # missed 7: the depth-1 median is 6
@@ -287,9 +287,9 @@ def test_one_outlying_step_does_not_drag_the_learnt_depth_line():
 
 
 def test_a_depth_seen_under_three_times_does_not_set_the_slope_beside_one_seen_more():
-    """Session 26's 8B runs at 256: one 4-deep step that missed its price by 43 ms among
-    fifteen 3-deep ones that missed it by about 16 made the line 26 ms steeper a depth;
-    a depth seen fewer than three times is left out where another was seen three times,
+    """One 4-deep step that missed its price by 43 ms among fifteen 3-deep ones that
+    missed it by about 16 would make the line some 27 ms steeper a depth; a depth seen
+    fewer than three times is left out where another was seen three times,
     and priced from the rest (optimistically: the one depth left is flat beyond it)."""
     from dspark.scheduling.cost import LINE_MIN_STEPS, _depth_line
 

@@ -91,9 +91,9 @@ def test_bad_arguments_are_errors():
 
 
 def test_slow_first_steps_of_an_arm_are_measured_again_soon():
-    """Slow first drafted steps (first-call warm-up, few tokens accepted: the kind of start
-    ``scripts/gate_trace.py 1`` shows on this CPU) must not keep drafting off for long:
-    the arm measured less gets an optimistic bound, so it is measured again soon."""
+    """Slow first drafted steps (first-call warm-up, few tokens accepted) must not keep
+    drafting off for long: the arm measured less gets an optimistic bound, so it is
+    measured again soon."""
     gate = ThroughputGate(explore_every=32, window=16, min_steps=3)
     for tokens, wall in ((1, 99.3), (1, 71.1), (2, 98.1)):  # 0.0149 tokens/ms
         assert gate.should_draft(1)
@@ -209,8 +209,8 @@ def test_a_lucky_streak_against_drafting_does_not_switch_it_off():
     """At one request a drafted step emits 1 to 8 tokens (the published chat acceptance,
     3.5 a step on average, in 11 ms) and an undrafted one exactly 1 (in 7.3 ms): drafting
     is 2.3x faster, yet 16 drafted steps in a row can average under 2 tokens. A bound
-    that ignores that spread vetoed drafting for whole exploration periods (over 100 of
-    these 300 steps); the standard error keeps such runs to the exploring steps (1 in
+    that ignores that spread would veto drafting for whole exploration periods (over 100
+    of these 300 steps); the standard error keeps such runs to the exploring steps (1 in
     128). Counted from step 64: three unlucky first drafted steps (1 token each, about 2%
     of runs) can still leave drafting off until the first exploration, at step 32."""
     import numpy as np
@@ -291,8 +291,8 @@ def test_probes_of_poor_steps_do_not_veto_the_steps_the_cost_model_chooses():
     """Chosen drafted steps emit 36 tokens per 100 ms, probes (drafted where the cost
     model declined) 25, undrafted steps 10 per 38 ms (0.263 tokens/ms). In one drafted
     window the last 16 steps, all probes, would put drafting at 0.25, under the undrafted
-    figure, and veto every chosen step (SmolLM2 at one request on an H200: runs of up to
-    31 vetoes). Measured apart, the chosen steps' 0.36 stands whatever the probes do."""
+    figure, and veto every chosen step. Measured apart, the chosen steps' 0.36 stands
+    whatever the probes do."""
     gate = ThroughputGate(explore_every=32, window=16, min_steps=3)
     for _ in range(16):
         gate.record(1, True, 36, 100.0)
@@ -339,8 +339,7 @@ def test_a_batch_of_one_judges_drafting_over_several_requests():
     drafts do not veto the next one's: 100 drafted steps of 12 tokens in 10 ms, then 16
     of 2 (a poor request), against undrafted steps of 1 token in 1.05 ms (0.952 a ms).
     Over 116 steps drafting made (1200 + 32) / 1160 = 1.062 a ms: still drafted. A
-    window of 16 (the gate before session 31, and any larger batch's) holds the poor
-    request alone, 0.2 a ms: vetoed."""
+    window of 16 (any larger batch's) holds the poor request alone, 0.2 a ms: vetoed."""
     from dspark.scheduling.gate import ALONE_WINDOW
 
     assert ALONE_WINDOW == 128
@@ -360,8 +359,8 @@ def test_a_batch_of_one_judges_drafting_over_several_requests():
 def test_declined_steps_that_measure_clearly_faster_overrule_a_cost_model_that_never_drafts():
     """The cost model declines every step, so only the gate's probes draft and the arm of
     chosen drafted steps stays empty: the probes' own figure must still be able to start
-    the overruling (it was the reason for it: a cost model pricing drafting out where
-    drafted steps measured 30-45% faster)."""
+    the overruling (the case it exists for: a cost model pricing drafting out where
+    drafted steps measure clearly faster)."""
     gate = ThroughputGate(explore_every=8, window=8, min_steps=2)
     for _ in range(8):
         gate.record(1, False, 10, 10.0)  # undrafted: 1 token/ms
@@ -441,9 +440,9 @@ def test_a_stalled_step_counts_at_most_twice_the_median_unless_it_emitted_more()
 
 
 def test_one_stalled_drafted_step_does_not_keep_drafting_off():
-    # SmolLM2 at 64 requests on an H200: drafted steps ~113 tokens in ~10 ms, undrafted 64
-    # in ~7.5 ms. Without the cap, a first drafted step of 150 ms left 350-430 of 600
-    # steps undrafted (20 seeds, 0-19); with it 5-43, against 5-15 without the stall.
+    # 64 requests where drafting leads: drafted steps ~113 tokens in ~10 ms, undrafted 64
+    # in ~7.5 ms. Without the cap, a first drafted step of 150 ms leaves 350-430 of 600
+    # steps undrafted (seeds 0-19); with it 5-43, against 5-15 without the stall.
     for seed in range(5):
         rng = np.random.default_rng(seed)
         gate = ThroughputGate()
@@ -463,8 +462,8 @@ def test_one_stalled_drafted_step_does_not_keep_drafting_off():
 def test_explorations_keep_their_spacing_while_the_lead_moves():
     # Drafting's lead swings between about 1.1x and 1.4x every 24 decisions, so the
     # exploring period moves between 32 and about 100: explorations come no closer than
-    # 32 decisions apart (with the period taken modulo the decision's number, as before,
-    # some came 2 apart: it fired whenever any period of the moment divided it).
+    # 32 decisions apart (were the period taken modulo the decision's number, some would
+    # come 2 apart: it would fire whenever any period of the moment divided it).
     gate = ThroughputGate(explore_every=32)
     explored = []
     for decision in range(2048):

@@ -100,7 +100,7 @@ def test_ranking_choice_is_measured_once_per_size_class_and_can_be_pinned():
 
 def test_sorting_must_win_by_the_margin(monkeypatch):
     """With a clock that each call advances by a fixed time: sorting 5% faster than
-    binning is not enough (a tie in a slow phase of a VM), 20% faster is; each way's
+    binning is not enough (a tie, within a machine's noise), 20% faster is; each way's
     calls are timed in blocks, all but each block's first."""
     clock = {"now": 0}
     monkeypatch.setattr(survival_module.time, "perf_counter_ns", lambda: clock["now"])

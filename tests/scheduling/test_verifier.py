@@ -589,7 +589,8 @@ def test_the_shrunk_plan_never_drops_a_draft_that_costs_nothing():
     draft count, and a lucky stale batch (its mean far above the population's): each
     slot's survival is scaled down, never to 0, so the budget admits every draft, as
     the best budget on any fresh round does. (Shifting the rows by the mean's excess
-    put slot 1's last position at 0, and the smallest best budget left it out.)"""
+    would put slot 1's last position at 0, and the smallest best budget would leave it
+    out.)"""
     from dspark.scheduling import CostTables
 
     rng = np.random.default_rng(3)

@@ -84,7 +84,7 @@ def test_shifts_remove_a_constant_overconfidence_that_temperatures_cannot():
     accepted = np.cumprod(accept, axis=1).sum(axis=1)
     half = n // 2
     # Every fourth temperature of the grid (1.0 among them): the joint search over shifts
-    # and temperatures costs a quarter of the full grid's (about 45 s on a 2-core machine).
+    # and temperatures costs a quarter of the full grid's.
     grid = TEMPERATURE_GRID[::4]
     plain, _ = fit_sequential_temperatures(logits[:half], accepted[:half], grid)
     temperatures, shifts = fit_sequential_temperatures(

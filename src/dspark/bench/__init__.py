@@ -1,1 +1,1 @@
-"""Benchmarks: the scheduler micro-benchmark (more to come with the engine)."""
+"""Benchmarks: ``dspark bench`` and the scheduler, engine and server benchmarks."""

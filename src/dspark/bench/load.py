@@ -192,7 +192,7 @@ def main(args: argparse.Namespace) -> None:
         rss = [rss_mb(pid) if pid else None]
         later_rounds = []
         for round_index in range(args.rounds):
-            # Later rounds are shorter: they are there to show memory no longer grows.
+            # Later rounds are shorter: they are there to show whether memory keeps growing.
             seconds = args.seconds if round_index == 0 else args.seconds / 2
             result = asyncio.run(
                 run_load(url, args.model, args.clients, seconds, args.max_tokens, prompts)

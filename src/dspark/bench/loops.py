@@ -28,8 +28,7 @@ PROBE_TRIES = 7
 def host_probe_ms(tries: int = PROBE_TRIES) -> float:
     """Milliseconds a fixed piece of host work takes here, the fastest of ``tries``:
     the kind of work an engine's step does around its kernels (list and dict
-    bookkeeping over a batch, a few small NumPy calls), about half a millisecond on this
-    2-core VM and on the H200 machines' hosts at full speed. The fastest try leaves out
+    bookkeeping over a batch, a few small NumPy calls). The fastest try leaves out
     preemptions; what remains is the host's speed."""
     best = float("inf")
     values = np.arange(64, dtype=np.int64)
@@ -203,7 +202,7 @@ def measure(
     quarter), so that they meet the measured run's step shapes (contexts as long). The
     warm-up samples as the measured run does: what adaptive verification learns there
     (the drafts' survival, what drafting costs and earns) is what it meets next, and a
-    greedy warm-up before a run at temperature 1 taught it greedy acceptance.
+    greedy warm-up before a sampled run would teach it greedy acceptance.
 
     ``freeze_gc``: the heap as the warm-up leaves it is frozen for the measured run
     (``dspark.engine.heap``), as a serving engine freezes its start-up heap, so that a

@@ -64,8 +64,8 @@ class Measurement:
     # piece of Python and NumPy work, the fastest of a few tries), and the medians of the
     # run's host phases (``EngineStats``: the drafter's proposal, verification and
     # emission, the forward from queueing to outputs on the host). A machine whose host
-    # runs some runs slower than others (seen on the H200's) shows it in both; a slow run
-    # whose probe is not slow was slowed by something else than the host's speed.
+    # runs some runs slower than others shows it in both; a slow run whose probe is not
+    # slow was slowed by something else than the host's speed.
     probe_ms: tuple[float, float] = (0.0, 0.0)
     phase_ms: dict[str, float] = field(default_factory=dict)
     # Adaptive: what its cost model and verifier believed at the end of the run

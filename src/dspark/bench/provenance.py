@@ -1,8 +1,9 @@
 """Which code produced a result: a digest of the package's own source files.
 
 A benchmark's JSON names the code it ran by this digest rather than by a commit: a copy
-of a working tree (the GPU machine's, for one) can carry stale git metadata, and a tree
-with edits has no commit at all, while the digest follows exactly the files that ran.
+of a working tree (one synced to another machine, say) can carry stale git metadata,
+and a tree with edits has no commit at all, while the digest follows exactly the files
+that ran.
 To match a result to a commit, check the commit out and run
 ``python -m dspark.bench.provenance`` (or compare digests of two checkouts).
 """

@@ -138,9 +138,8 @@ def compare(rows: list[dict]) -> list[str]:
 
 FULL_SPEED = 1.25
 """A run had the host at full speed when both its probes (``host_probe_ms``) read at most
-this factor above the fastest probe of its level: the hosts seen switch between two
-speeds about 1.5x apart (H200 machines: 0.40-0.48 against 0.64-1.00 ms; this 2-core VM:
-0.44-0.47 against 0.63-0.82), and a run slowed at either end may have run slow."""
+this factor above the fastest probe of its level: hosts can switch between two distinct
+speeds, and a run slowed at either end may have run slow."""
 
 
 def paired_ratios(row: dict, baseline: dict, fastest: float | None = None) -> str:

@@ -136,7 +136,7 @@ def median_us_per_call(
     """Median over repeats of the mean µs per call over all input batches, per case.
 
     The cases take turns within every repeat, so a change in the machine's speed during
-    the run (frequent on a shared VM) affects them alike and their ratios stay fair.
+    the run (frequent on shared machines) affects them alike and their ratios stay fair.
     """
     for call in cases.values():
         for batch in batches[:4]:

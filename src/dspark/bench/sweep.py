@@ -1,42 +1,34 @@
 """``dspark bench``: no speculation vs every fixed K vs adaptive verification, across load.
 
+Every configuration runs the same held-out prompts on the same engine settings with the
+same drafter (by default the model's shipped DSpark drafter, else n-gram).
+
 A closed loop per concurrency level: that many requests are in flight at all times (a
-finished one is replaced by the next prompt) until the level's requests are done, after
-a shorter warm-up loop on other prompts at the same level (graphs captured, adaptive step
+finished one is replaced by the next prompt) until the level's requests are done, after a
+shorter warm-up loop on other prompts at the same level (graphs captured, adaptive step
 costs measured: the steady state of a serving engine). The engine captures CUDA graphs
-lazily, the first time a step shape is met, and the warm-up cannot meet every shape (a
-step's shape follows its tokens, pieces and longest context; ``--full-warmup`` runs a
-warm-up as long as the measured run, which meets nearly all of them). The host time of
-captures met while measuring is a start-up cost that an engine capturing ahead pays
-before serving, so aggregate tok/s leaves it out (``tok_s``; ``tok_s_wall`` keeps it;
-``capture_steps`` and ``capture_s`` say how many steps captured and how long the
-captures took); per-request TPOT and per-user tok/s come from the requests' own
-timestamps and keep it (a capture delays the requests of its step). Every
-configuration runs the same held-out prompts on the same engine settings with the same
-drafter (by default the shipped DSpark drafter of the model, else n-gram). Repeats are
-interleaved (repeat 1 of every configuration, then repeat 2, ...), the settings of a level
-in reverse order on every other repeat, so that drifts of the machine's speed spread over
-all of them; tables quote medians, and with several repeats the comparison also quotes
-paired ratios (adaptive against a baseline within each repeat, whose machine speed they
-shared), whose median is less exposed to drift than the ratio of medians.
+lazily, the first time it meets a step shape; ``--full-warmup`` warms up as long as the
+measured run, which meets nearly every shape. Captures met while measuring are start-up
+cost: aggregate ``tok_s`` leaves them out, ``tok_s_wall`` keeps them, ``capture_steps``
+and ``capture_s`` count them. Repeats are interleaved (repeat 1 of every configuration,
+then repeat 2, ...), a level's settings reversed on every other repeat, so that drifts of
+the machine's speed spread over all of them.
 
-``--slice-ms``: time-sliced runs, for machines whose speed wanders within seconds (this
-2-core VM; the H200 machines' hosts, whose probes moved 2x within a call in session 40).
-Per level every setting's engine is built and warmed once and kept, and the loops run a
-quarter of a window unmeasured; each repeat is then a window in which every engine runs
-``--window-s`` of its own time in rounds of ``--slice-ms``, round robin (each round takes
-every engine to the same target of its own time), its closed loop refilled from the
-prompts taken in order (and again from the start) so that it never drains: every setting
-is measured over the same stretch of wall time, at steady state. Tokens are those
-emitted in the engine's own turns; TPOT uses a request clock that leaves out the other
-engines' turns (``LLMEngine.idle_s``). All of a level's engines are alive at once, so
-this suits models whose engines fit side by side (not the 8B shape at 256).
+``--slice-ms``: time-sliced runs, for machines whose speed wanders within seconds. Per
+level every setting's engine is built and warmed once and kept; each repeat is then a
+window in which every engine runs ``--window-s`` of its own time in round-robin turns of
+``--slice-ms``, its closed loop refilled so that it never drains: every setting is
+measured over the same stretch of wall time, at steady state. TPOT leaves out the other
+engines' turns (``LLMEngine.idle_s``). A level's engines are all alive at once, so they
+must fit in memory side by side.
 
-Per configuration and level: aggregate tok/s (generated tokens, each counted once, over
-the level's wall time less captures), per-user tok/s and TPOT p50/p99 from each request's own
-timestamps (first token to finish), acceptance length (tokens per decode round, bonus
-included), verified tokens per decode round, and for adaptive the share of wall time
-spent choosing the budget and allocating drafts. Writes a table, JSON and PNG plots.
+Per configuration and level it reports aggregate tok/s, per-user tok/s and TPOT p50/p99
+from each request's own timestamps (first token to finish), acceptance length (tokens per
+decode round, bonus included), verified tokens per round and, for adaptive, the share of
+wall time spent choosing the budget and allocating drafts. Tables quote medians; with
+several repeats the comparisons also quote paired ratios within each repeat, less exposed
+to drift. Writes a table, bench.json and bench.png to ``--out`` (and steps.json with
+``--step-log``).
 """
 
 from __future__ import annotations
@@ -67,8 +59,8 @@ from dspark.models.loader import load_model, resolve_dtype, resolve_model_path
 from dspark.models.shapes import SHAPES, random_model
 
 CPU_SLICE_MS = 250.0
-"""``--slice-ms`` on a CPU unless given: this 2-core VM moves whole runs by +-15% with its
-phases, and time slices put every setting in the same phases (session 40)."""
+"""``--slice-ms`` on a CPU unless given: a CPU host's speed moves whole runs with its
+phases, and time slices put every setting in the same phases."""
 
 PRIME_SHARE = 0.25
 """With time slices, a level's loops first run this share of a window unmeasured
@@ -164,7 +156,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "turns of this many ms (closed loops that never drain: steady state), so every "
         "setting meets the machine's speed of the same stretch of time; 0: one fresh "
         "engine per run, each running the level's prompts to the end (default: "
-        f"{CPU_SLICE_MS:g} on CPU, where one run moves with the VM's phases; 0 on CUDA)",
+        f"{CPU_SLICE_MS:g} on CPU, where a whole run moves with the host's speed; 0 on CUDA)",
     )
     parser.add_argument(
         "--window-s",

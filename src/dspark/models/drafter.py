@@ -10,9 +10,8 @@
   embedding and LM head are the target's, frozen and not stored with the drafter.
 - **Markov head.** ``logits_k = U_k + W2 W1[x_{k-1}]`` with rank r, sampled left to
   right. W1 and W2 are factorised through the target's embedding (see ``markov_in`` and
-  ``markov_out``), so the head costs 2·d·r parameters instead of 2·V·r: for SmolLM2
-  (V = 49,152, d = 576, r = 256) that is 0.3 M instead of 25 M, which keeps the whole
-  drafter under 16 MiB in bf16.
+  ``markov_out``), so the head costs 2·d·r parameters instead of 2·V·r, which keeps
+  the drafter small for a large vocabulary.
 - **Draft vocabulary.** A drafter directory may hold ``draft_vocab.npy``: the most
   frequent token ids (``dspark draft-vocab``). ``load_drafter`` attaches them as
   ``draft_vocab`` and the engine then computes the per-position logits over those rows of

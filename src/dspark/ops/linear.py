@@ -2,13 +2,10 @@
 
 A decode or verify step multiplies a few dozen rows (K + 1 per request) by every weight
 of the model, and on a CPU how long that takes depends far more on the kernel than on the
-arithmetic: on the 2-core EPYC of this project's VM, over all of SmolLM2-135M's weights as
-one forward reads them (``scripts/cpu_packed_products.py``, session 44), ``F.linear``
-took 45-109 ms for 1-32 rows, ``weight @ x.T`` 18-97 ms, and oneDNN over weights packed
-once into its blocked layout 16-49 ms (15.9 at 4 rows against 26.1 for ``weight @ x.T``,
-21.0 at 8 against 45.9, 30.1 at 16 against 63.1). Which is fastest differs by machine
-(session 10's Intel guest ran ``F.linear`` ahead at 2-3 rows), so ``tune_small_rows``
-times the three on the model's own weights at start-up and ``linear`` follows its plan.
+arithmetic: ``F.linear``, ``weight @ x.T`` and oneDNN over weights packed once into its
+blocked layout can differ severalfold at the same row count. Which is fastest differs by
+machine and by row count, so ``tune_small_rows`` times the three on the model's own
+weights at start-up and ``linear`` follows its plan.
 
 Every path gives each output row from its own input row alone, so rows may be padded with
 zeros to a count that runs faster and dropped after.
@@ -26,59 +23,45 @@ import torch.nn.functional as F
 FLAT, TRANSPOSED, PACKED = "linear", "transposed", "packed"
 PATHS = (FLAT, TRANSPOSED, PACKED)
 """How ``linear`` may run a product: ``F.linear``; ``weight @ x.T`` (one weight read for
-the few rows, where this machine's ``F.linear`` read it once per row); oneDNN's product
-over a copy of the weight packed once (``packed_weight``)."""
+the few rows, where ``F.linear`` may read it once per row); oneDNN's product over a copy
+of the weight packed once (``packed_weight``)."""
 
 SKINNY_ROWS = 16
 """Until ``tune_small_rows`` has measured this machine, products with 2 ... SKINNY_ROWS
-rows run as ``weight @ x.T`` (the choice measured on the EPYC of sessions 5-9)."""
+rows run as ``weight @ x.T``, which reads each weight once for the few rows."""
 
 TUNED_ROWS = (*range(1, 17), 20, 24, 28, 32, 36, 40, 44, 48, 56, 64)
 """The row counts ``tune_small_rows`` times (every count a verify step of up to 16 tokens
 can have, then every fourth up to 48, the verify steps of 16 requests drafting 1-2 deep);
 a count between two takes the choice of the next one timed, and more than the last runs
-as the last does, over its own rows (a prompt chunk; session 44, SmolLM2's weights at
-112-512 rows: packed 0.70-0.81x ``F.linear``'s time, ``weight @ x.T`` 0.88-0.94x). With
-48 the next count timed after 32 (sessions 44-45), 33-47 rows took 48's choice, where
-``F.linear`` and the packed product run level (70.4 and 70.8 ms over SmolLM2's weights),
-while at 33-40 the packed product runs 0.88-0.93x ``F.linear``'s time (54.4 against
-62.1 ms at 33; ``scripts/cpu_packed_products.py``, session 45): a tuning that gave 48 to
-``F.linear`` made a 16-request step drafting 2 deep pay about 7 ms more."""
+as the last does, over its own rows (a prompt chunk). Counts above 32 are timed every
+fourth rather than at 48 alone: the fastest path can change between 33 and 48 rows, and
+a count that takes a far larger count's choice may pay for it on every step."""
 
 PAD_GAIN = 0.9
 PAD_MULTIPLE = 4
 """``tune_small_rows`` pads a row count's products to a larger count timed, a multiple of
 ``PAD_MULTIPLE``, where that one measured at most ``PAD_GAIN`` of the count's own best
-time: the BLAS of this 2-core VM runs some counts slower than larger ones (a forward's
-products over SmolLM2's weights as ``weight @ x.T``, ``scripts/cpu_padded_rows_ab.py``:
-59.4 ms at 3 rows against 52.1 at 4; 82.7-117.3 ms at 8-15 rows against 73.2 at 16). The
-targets are SIMD-friendly widths and the gain asked is wide because a count is timed over
-two sweeps on a machine whose speed wanders: with any target and a 5% gain, one tuning
-padded 5 rows to 6 on a lucky sweep of 6 (41.5 against 45.8 ms), which then ran 1.30x
-slower than 5 unpadded."""
+time: a BLAS can run some counts slower than larger ones. The targets are SIMD-friendly
+widths and the gain asked is wide because a count is timed over two sweeps on a machine
+whose speed wanders: with any target and a narrow gain, a lucky sweep of a larger count
+can pad a count to one that then runs slower than the count unpadded."""
 
 ROW_MAJOR_MAX_ROWS = 8
 """Up to this many rows the transposed product's ``[rows, out]`` result is copied
 row-major: left transposed, every elementwise step after it (bias, activation, norm,
-residual, the sampler's reductions) runs along its few rows (``scripts/cpu_row_major_ab.py``:
-0.74-0.77x a verify forward's time at one request verifying 2 tokens, 0.97x at 8; at
-four requests of 4 tokens, 16 rows, the copy costs what it saves)."""
+residual, the sampler's reductions) runs along its few rows, which costs more than the
+copy; by 16 rows the copy costs what it saves."""
 
 COLUMN_MAJOR_COST = 1.1
 """``tune_small_rows`` weighs the transposed product's sweeps above ``ROW_MAJOR_MAX_ROWS``
 by this: there its ``[rows, out]`` result is left column-major, and what follows it in
-the layer pays for that, which the product's own timing does not see. Session 45, a
-whole forward of 16 requests over 300 cached tokens with one count's path forced
-(``scripts/cpu_plan_forward.py``): 32 rows through ``weight @ x.T`` 104.8 ms against the
-packed product's 96.5, twice the gap of the products alone (55.2 against 51.2 ms,
-``scripts/cpu_packed_products.py``); at 24 rows 97.9 against 87.7, no more than the
-products' gap. Two of four tunings in that session gave 25-32 rows to ``weight @ x.T``
-(a few percent ahead in their own sweeps), and fixed K = 1 at 16 requests then ran
-0.97x no speculation instead of 1.03-1.04x."""
+the layer pays for that, which the product's own timing does not see: a transposed
+product a few percent ahead in its own sweeps can still lose over the whole forward."""
 
 PACK_ROWS = 16
 """The row count oneDNN is told to expect when it packs a weight (the layout it picks;
-packed for 16 or for each count, the products of 1-32 rows timed alike here)."""
+one packing serves every count, as packing per count times no faster)."""
 
 _ROW_PLAN: dict[tuple[int, int], tuple[tuple[str, int], ...]] = {}
 """Per weight shape, by row count ``r``, how ``linear`` runs ``r`` rows: ``(path, m)``,
@@ -153,7 +136,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     count ``tune_small_rows`` measured fastest for this weight's shape (the rows padded
     with zeros where that count ran faster), or, for a shape not measured, ``weight @
     x.T`` for 2 ... SKINNY_ROWS rows. One row the plan sends through ``weight @ x.T`` or
-    the packed product runs as two (a matrix-vector product is this machine's slower
+    the packed product runs as two (a matrix-vector product tends to be the slower
     kernel, and oneDNN's rows then match those of every larger count bit for bit). Where
     autograd records, the packed product (which it cannot differentiate) gives way to
     ``F.linear``."""
@@ -203,9 +186,9 @@ def tune_small_rows(
     ``weights`` are a model's, in the order a forward reads them: a sweep over all of
     them reads each from memory as a step does (a few repeated products would time them
     in cache). Each row count times every product ``repeats`` times, in turn, and keeps
-    each one's fastest sweep (about 10 s for SmolLM2-135M on this 2-core VM). Plans are
-    kept per weight set (shapes, dtype and thread count), so a second engine on the same
-    model does not measure again. CUDA weights, or none, leave everything as it is.
+    each one's fastest sweep (seconds, once at start-up). Plans are kept per weight set
+    (shapes, dtype and thread count), so a second engine on the same model does not
+    measure again. CUDA weights, or none, leave everything as it is.
 
     ``keep_shapes``: shapes whose plan is left as it is (a drafter tuned after its
     target leaves the shapes they share to the target's timing). Packed copies a weight's

@@ -5,7 +5,7 @@ how many draft slots to verify, ``allocate_drafts`` (from fresh confidences) dec
 whose, and ``verification_layout`` places them in the packed batch. ``AdaptiveVerifier``
 keeps the per-slot confidences and runs that lifecycle for an engine; ``ThroughputGate``
 decides from measured step throughput whether drafting pays at all, and
-and ``ObservedDraftCost`` keeps the drafter's price in step with measured drafting time.
+``ObservedDraftCost`` keeps the drafter's price in step with measured drafting time.
 """
 
 from dspark.scheduling.allocation import allocate_drafts

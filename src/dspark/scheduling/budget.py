@@ -117,10 +117,8 @@ def best_drafting_depth(
 
 DEPTH_MASK_MAX_SLOTS = 512
 """Up to this many draft slots (requests x K: 73 requests at K = 7) ``depth_rates`` ranks
-once under a ``[K, slots]`` mask (a dozen array calls); beyond it, merging column by
-column touches less memory and wins (this 2-core CPU, K = 7, session 22: masked 51 µs
-against merged 60 at 64 requests, 91 against 70 at 128; an engine calls it on the step's
-path, where fewer calls also lose less to cold caches)."""
+once under a ``[K, slots]`` mask (a dozen array calls, which on the step's path also lose
+less to cold caches); beyond it, merging column by column touches less memory and wins."""
 
 
 def depth_rates(

@@ -207,9 +207,8 @@ class ObservedDraftCost:
       deeper ones as the measured depth, shallower ones on the way from the undrafted
       steps' overhead (0 if unmeasured) up to it, in proportion to the depth. A depth
       priced too low is drafted and so measured; one priced too high would never be
-      (flat pricing let a new engine's first step, drafted the full block deep, price
-      one-deep drafting out of use on this CPU at temperature 1: 28 ms missed at depth
-      7 was charged to depth 1 as well, and the engine stopped drafting).
+      (flat pricing would charge what a new engine's first step, drafted the full block
+      deep, missed to one-deep drafting as well, and could price drafting out of use).
 
     ``depth_ms`` (``build_depth_costs``) prices drafting ``d < K`` positions per request:
     the drafter's sequential heads stop at the deepest draft any request may verify, so
@@ -424,14 +423,11 @@ def _line_depths(points: deque) -> dict[int, list[float]]:
     """The values of ``(depth, ms)`` points by depth, less the depths seen fewer than
     ``LINE_MIN_STEPS`` times when another was seen that often: a depth seen once (or
     twice: a median of two is their mean) otherwise sets the line's slope wherever its
-    step lands, and a depth priced too high is not drafted again to correct it. (The 8B
-    shape at 256 requests on an H200, session 26: replayed from the logged steps, one
-    4-deep step that missed its price by 43 ms among fifteen 3-deep ones that missed it
-    by about 16 made the line 26 ms steeper a depth; two of nine runs had learnt slopes of
-    3.8 and 6 ms a depth and drafted 1-2 deep for most of the run, 0.93-0.97x K = 5
-    against 0.99-1.07x for the others.) A depth left out is priced from the others,
-    optimistically where they are one (``ObservedDraftCost``), so it is drafted and
-    measured again. Until some depth has that many steps, every depth counts."""
+    step lands, and a depth priced too high is not drafted again to correct it: one stray
+    step of a rare depth can steepen the line enough to keep a run drafting shallow. A
+    depth left out is priced from the others, optimistically where they are one
+    (``ObservedDraftCost``), so it is drafted and measured again. Until some depth has
+    that many steps, every depth counts."""
     by_depth: dict[int, list[float]] = {}
     for depth, value in points:
         by_depth.setdefault(depth, []).append(value)

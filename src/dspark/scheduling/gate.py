@@ -4,49 +4,29 @@ The budget prices a step from profiled costs and the drafter's confidences. Both
 off in ways the budget cannot see: the profile times the drafter's block pass but not the
 host work around it (context updates, per-request verification), it is taken at one
 context length, and confidences can be optimistic. When they are off, adaptive
-verification keeps drafting where no drafting at all would be faster (an H200 8B step at
-64 requests measured 25 ms drafted against 11.5 ms undrafted, with 1.5 tokens accepted
-per request).
+verification keeps drafting where no drafting at all would be faster.
 
-``ThroughputGate`` settles the one question the cost model most often gets wrong — draft
-at all this step, or not — by measurement: for each batch size (in power-of-two buckets)
-it keeps the throughput of the last ``window`` drafted steps and of the last ``window``
-undrafted ones (tokens emitted over wall time, both summed over the window: a ratio of
-sums, not a median of per-step ratios, which would be biased because a drafted step
-emits a skewed, discrete number of tokens: mostly 1, sometimes many), takes the faster
-arm, and takes the other arm once every ``explore_every`` decisions so that its figure
-stays current (the undrafted arm up to ``UNDRAFTED_BACKOFF`` times less often when
-drafting leads, the less often the further it leads; a batch of one's drafted arm
-``ALONE_SPEEDUP`` times more often when it is behind, since it measures one request's
-drafts and the next request may draft far better).
-"Faster" is optimistic about the arm whose figure is less certain: each
-arm's figure is raised by ``confidence`` standard errors of that ratio over its window
-(an upper confidence bound). A drafted step emits anywhere from one token per request to
-K + 1, an undrafted one exactly one, so a drafted window can dip well below its mean by
-luck alone, and a bound that knew only how many steps were measured read such a dip as
-drafting losing and left drafting off until exploration had refilled the window (the 8B
-shape at one request on an H200, acceptance replayed: 27 of about 180 steps undrafted
-per repeat, the median of two, where exploration alone leaves 1-2). Drafted steps that were
-unrepresentative at first (first-call warm-up, few tokens) keep a wide bound, so
-drafting is measured again soon; an arm clearly behind is left alone.
-Steps that carry a prompt chunk next to their decodes (``mixed``) are bucketed apart from
-pure decoding steps: the chunk's compute is in their wall time whichever arm they play,
-so the two kinds' rates do not mix, yet drafting in a mixed step has a price of its own
-(SmolLM2 at 64 requests on an H200, fixed K = 3 against no speculation: 12.1 against 7.8
-ms a step with a prompt chunk, 9.7 against 7.1 ms a pure decoding step).
-A bucket not yet measured on both arms follows its nearest measured neighbour of the
-same kind (a batch shrinking as its requests finish crosses several buckets in a few
-steps), else the nearest of the other kind. Where the cost
-model declines drafting, the gate is asked ``should_probe`` instead: where drafted steps
-without a prompt chunk measure clearly faster it has the step drafted (so measurement
-overrules the cost model either way, but for a decline in a step with a prompt chunk,
-whose rates mix in the chunk's cost), and otherwise now and then, so that a cost model
-that priced drafting out on a few bad steps measures it again. Drafted steps the cost
-model declined are measured in an arm of their own: they answer whether drafting the
-declined steps pays, and mixed with the chosen ones they would make drafting look worse
-than it is where the cost model chooses well (``record``).
-The decisions read past steps' timings and token counts only, never the drafts of the
-step they decide, so sampling stays lossless (see ``AdaptiveVerifier``).
+``ThroughputGate`` settles that one question, draft this step or not, by measurement. Per
+batch-size bucket (powers of two) it keeps the last ``window`` drafted and the last
+``window`` undrafted steps, and each arm's throughput as a ratio of sums (tokens over wall
+time: a drafted step emits a skewed, discrete number of tokens, mostly 1, sometimes many,
+so a median of per-step ratios would be biased). It takes the arm whose upper confidence
+bound (``confidence`` standard errors of that ratio) leads, and the other arm now and then
+(about every ``explore_every`` decisions: ``UNDRAFTED_BACKOFF``, ``ALONE_SPEEDUP``) so that
+its figure stays current. The bound is optimistic about the
+less certain arm: a drafted window can dip well below its mean by luck alone, and drafted
+steps that were unrepresentative at first (warm-up, few tokens) keep a wide bound, so
+drafting is measured again soon, while an arm clearly behind is left alone. Steps that
+carry a prompt chunk (``mixed``) are bucketed apart, since the chunk's compute is in their
+wall time whichever arm they play; a bucket not yet measured on both arms follows its
+nearest measured neighbour.
+
+Where the cost model declines drafting, ``should_probe`` decides instead: it drafts where
+drafted steps without a prompt chunk measure clearly faster (measurement overrules the
+cost model either way), and otherwise now and then, so that a price learnt from a few bad
+steps is measured again. Those declined steps, drafted, are measured in an arm of their
+own (``record``). The decisions read past steps' timings and token counts only, never the
+drafts of the step they decide, so sampling stays lossless (see ``AdaptiveVerifier``).
 """
 
 from __future__ import annotations
@@ -69,64 +49,37 @@ so it comes once every ``(1 - 1/lead) / EXPLORE_SHARE`` decisions (a quarter of 
 of throughput), never more often than every ``explore_every`` nor less often than every
 ``UNDRAFTED_BACKOFF`` times that. The undrafted arm's throughput is the target's step
 time alone, which changes slowly within a bucket (the context grows), while a fall of the
-drafted arm (acceptance drops) is measured on the very steps it is played. At one request
-on the H200 8B shape, one undrafted step in 32 works out at about 1-1.5% of throughput
-(from the steps' measured times and tokens; estimated, not measured on its own); with
-SmolLM2 at 16 requests on an H200, drafting leading about 1.3x, one in 32 left 9 of about
-265 steps undrafted per run, each emitting 16 tokens in 4.6 ms where a drafted step
-emitted 29 in 6.4 (about 0.75% of the run's tokens per ms). The other way round, a drafted
-arm behind is explored at the full rate: its figure moves with acceptance, which can
-recover."""
+drafted arm (acceptance drops) is measured on the very steps it is played; exploring the
+undrafted arm at the full rate would cost a steady share of throughput for a figure that
+hardly moves. The other way round, a drafted arm behind is explored at the full rate: its
+figure moves with acceptance, which can recover."""
 
 
 ALONE_SPEEDUP = 4
 """A batch of one whose drafted arm is behind explores it ``ALONE_SPEEDUP`` times more
 often. Its drafted steps earn what one request's drafts earn, so the figure is mostly
-about the request that drafted last, and requests differ widely (SmolLM2 on an H200, its
-shipped drafter: chosen drafted steps from 0.16 to 0.74 tokens/ms by request, 0.26
-undrafted). After a poor request the next one's chosen steps were vetoed in runs of up
-to 31 (one exploration per 32 decisions, each sample replacing one of 16 in the window):
-210 of 753 chosen steps on one run, at 0.36 tokens/ms where the undrafted ones made 0.26.
-Larger batches average over their requests, and their drafted figure moves slowly."""
+about the request that drafted last, and requests differ widely: after a poor request,
+exploring at the common rate would veto the next one's chosen steps for a whole
+exploration period or more, even where drafting pays on average. Larger batches average
+over their requests, and their drafted figure moves slowly."""
 
 
 ALONE_WINDOW = 128
 """A batch of one keeps this many steps per arm (at least the gate's ``window``). One
-request's drafted steps are correlated (its rounds predict each other: the shipped
-SmolLM2 drafter's expected accepted drafts correlated 0.46-0.69 from one round to the
-next in session 31's H200 runs, the verifier's ``predictiveness``), and a request runs
-for dozens of steps, so a window of 16 holds the last request alone: after a poor one it
-vetoed the next request's drafting, and the figure said nothing about the workload. A
-window of 128 spans a few requests; which requests to draft for is the cost model's
-call (their own recorded rounds), whether drafting pays at all here the gate's.
-
-``scripts/c1_policy_sim.py`` replays SmolLM2's rounds recorded request by request (48
-requests, on the H200 and on the CPU), against the best fixed K: at session 30's H200
-step times (``PRICES=session30``), where drafting pays (K = 3 1.26x no speculation),
-0.982x and 0.982x with a window of 16 (739 and 628 of about 3,000 steps vetoed), 1.003x
-and 0.994x with 128; with each round accepting half its drafts at the same confidences
-(``ACCEPT_SCALE=0.5``: an overconfident drafter, as when sampling at temperature 1,
-where drafting loses), 0.962x and 0.952x no speculation with 16, 0.966x and 0.964x
-with 128. At session 13's step times 0.994x/0.997x against 0.998x/0.987x, and overconfident
-0.941x/0.937x against 0.949x/0.946x no speculation; at the 2-core CPU's
-(``PRICES=cpu31``) 1.014x/1.017x against 1.013x/1.017x, overconfident 1.001x/1.000x
-against 0.998x/0.993x no speculation. End to end (``--variant old:gate_alone_window=16``),
-on the H200 (session 32, SmolLM2 + its drafter at one request, 8 repeats) the window
-vetoed 7 of the cost model's drafted steps a repeat against 149.5 with 16, and ran
-level with it (0.985x; 0.975x and 0.986x K = 3 read at one host speed, each +-0.017:
-drafting pays only 1.04x there); on the 2-core CPU one run (6 repeats) put 16 at 1.038x
-128 (paired 1.061, 0.82-1.40 over the repeats), within its spread."""
+request's drafted steps are correlated (its rounds predict each other: the verifier's
+``predictiveness``), and a request runs for dozens of steps, so a window of 16 holds the
+last request alone: after a poor one it would veto the next request's drafting, and the
+figure would say nothing about the workload. A window of 128 spans a few requests; which
+requests to draft for is the cost model's call (their own recorded rounds), whether
+drafting pays at all here the gate's."""
 
 
 ALONE_CONFIDENCE = 1.0
 """Standard errors wide the veto's bounds are at one request (at least the gate's
-``confidence``; ``ThroughputGate(alone_confidence=...)``). Wider bounds were tried for
-the same reason as ``ALONE_WINDOW``: three errors wide, the replay above (window 16)
-ran 1.000x and 0.993x the best fixed K where drafting pays, but 0.926x and 0.918x no
-speculation where the drafter is overconfident (against 0.962x and 0.952x): a veto that
-waits for a clear loss keeps drafting where drafting loses. On the 2-core CPU (SmolLM2,
-``dspark bench --variant old:gate_alone_confidence=1``) two runs of 6 and 10 repeats put
-one error at 1.040x and 0.941x three (paired 1.065 and 1.015), the CPU's own spread."""
+``confidence``; ``ThroughputGate(alone_confidence=...)``). Wider bounds would veto less
+after a poor request, as ``ALONE_WINDOW`` does, but a veto that waits for a clear loss
+keeps drafting where the drafter is overconfident and drafting loses; the longer window
+gets the first without the second."""
 
 
 OUTLIER_WALL = 2.0
@@ -137,19 +90,13 @@ window's median (once the window holds ``OUTLIER_MIN_STEPS`` steps). A window is
 of sums, so one step that stalled (a first call of a shape, the allocator growing, the
 host descheduled) drags its arm's rate down for as long as it stays in the window; and
 an arm that loses is measured again only once in ``explore_every`` decisions, so a stall
-among the drafted arm's first steps kept drafting off for ``window`` explorations,
-hundreds of steps (SmolLM2 at 64 requests on an H200: 93 of 97 full-batch steps of a run
-undrafted, where the gate's own figures at the end put drafting at 10.8 tokens per ms
-and not drafting at 7.9; at rates like those, one drafted step of 60 or 150 ms among the
-first left about 100 or 350-430 of 600 steps undrafted, against about 10 without, in
-``tests/scheduling/test_gate.py``'s replay). Steps of one arm at one batch size rarely
-differ by 2x (SmolLM2 drafted 2 to 7 deep at 64: 7.3 to 10.5 ms; the 8B shape at 64:
-13 to 23 ms), and a step that takes longer because it verified more, and so emitted
-more, keeps its time in proportion. Steps with a prompt chunk are not capped: their
-walls follow the chunk (SmolLM2 on the CPU at 16: chunks of 22 to 464 tokens), which
-their tokens do not show. The price: an arm that really slows down more than
-2x is believed once the slow steps are half its window (acceptance collapsing 5x at 4
-requests: drafting ends at the eighth slow step, not the sixth)."""
+among the drafted arm's first steps would keep drafting off for ``window`` explorations,
+hundreds of steps. Steps of one arm at one batch size rarely differ by 2x, and a step
+that takes longer because it verified more, and so emitted more, keeps its time in
+proportion. Steps with a prompt chunk are not capped: their walls follow the chunk, which
+their tokens do not show. The price: an arm that really slows down more than 2x is
+believed once the slow steps are half its window (acceptance collapsing 5x at 4 requests:
+drafting ends at the eighth slow step, not the sixth)."""
 
 
 class _Window:
@@ -157,10 +104,8 @@ class _Window:
     come and go: the steps in order of wall time and their token counts in order (the
     medians the outlier cap reads), and running sums of tokens and walls, their squares
     and their products. The figures then cost a few operations a step plus a few per
-    capped step, where summing the window cost a pass over it (a batch of one keeps 128
-    steps: a decision and its record took 149 µs on this 2-core CPU, 27 with a window of
-    16, once some wall exceeded twice the shortest, as drafted steps' walls do; 9 with
-    these sums, either window, in the same run: ``scripts/gate_cost_ab.py``).
+    capped step, where summing the window would cost a pass over it on every step (a
+    batch of one keeps 128 steps).
 
     The sums are of each step's distance from a reference step (``shift``: the window's
     means when the sums were last taken afresh), so the squares that the error is made of
@@ -329,8 +274,7 @@ class _Bucket:
         # rounds; the bucket's smallest n). A spread that does not shrink with the batch
         # would keep the drafted arm's bound a fixed share above its rate (1/16 with a
         # window of 16) at every batch size, so drafting that measured up to that much
-        # slower would still be taken (SmolLM2 at 64 requests on an H200: drafted 6.92
-        # tokens/ms against 7.37 undrafted, drafted in 30 of 55 steps).
+        # slower would still be taken.
         smallest = 0 if arm == UNDRAFTED else self.smallest
         return self.windows[arm].figures(not self.mixed, smallest)
 
@@ -461,15 +405,11 @@ class ThroughputGate:
         comes from steps the cost model picked (drafted when their confidences looked
         good); the declined steps so drafted are measured apart (``record``), and once
         ``min_steps`` of them are, their own lower bound decides, so the overruling stops
-        within a few steps if drafting the declined ones does not pay. (SmolLM2 at one
-        request on an H200: the cost model declined 192 and 388 of about 330-420 steps
-        whose drafted steps measured 0.34-0.40 tokens/ms against 0.26-0.27 undrafted.)
-        Steps with a prompt chunk are never
-        overruled: their rates mix in the chunk's cost, which varies from step to step
-        (SmolLM2 on the 2-core CPU at 16 requests: drafted ones carried chunks of 22-105
-        tokens and measured 0.055 tokens/ms, undrafted ones chunks of 158-464 and 0.024),
-        so a lead there says more about the chunks than about drafting; the cost model
-        prices their drafts at the margin (``AdaptiveVerifier``) and stands.
+        within a few steps if drafting the declined ones does not pay. Steps with a
+        prompt chunk are never overruled: their rates mix in the chunk's cost, which
+        varies from step to step, so a lead there says more about the chunks than about
+        drafting; the cost model prices their drafts at the margin (``AdaptiveVerifier``)
+        and stands.
 
         Otherwise, probes: a price learnt from a few bad drafted steps is otherwise never
         measured again, and drafting, once priced out, would stay out for good. The
@@ -513,9 +453,8 @@ class ThroughputGate:
         model had declined (``should_probe`` drafted it), measured apart from those it
         chose. The two differ by selection: the cost model drafts where confidences look
         good and declines where they look poor, so a window that mixed them would judge
-        the next chosen step by probes of poor ones (SmolLM2 at one request on an H200:
-        chosen steps 0.363 tokens/ms, probes 0.251, undrafted 0.262; mixed, the drafted
-        figure fell to 0.249 and vetoed 268 chosen steps of 2,068, in runs of up to 31)."""
+        the next chosen step by probes of poor ones, and could veto chosen steps that
+        pay."""
         if not 0.0 < wall_ms < inf or tokens < 0:  # the windows' sums would turn to NaN
             raise ValueError(
                 f"need a positive, finite wall time and a token count >= 0, got {wall_ms} ms,"

@@ -5,21 +5,21 @@ runs along the long request axis and so that flattening it lists slots in
 (position, request) order, the allocation's tie-break order.
 
 Order statistics by binning. A full sort of ``K * num_reqs`` float64 scores is the slow
-part of both decisions on a CPU (about 30 µs for 256 x 7 on two cores), yet each
-decision only needs the exact order near one rank. Large batches are therefore binned
-by value, from the top down: ``key = round((1 - score) * num_bins)``, so key 0 holds
-the highest scores and the key never increases with the score (rounding is monotone).
-One ``bincount`` gives every bin's count, their running totals give the rank at which
-each bin ends, and only the members of the bins that matter are sorted. Members are
-selected by key, never by a recomputed value bound, so a selection always holds exactly
-the counted slots. (Keys run from the top so that every later array is read forwards:
-NumPy's accumulate and argmax are several times slower on reversed views.)
+part of both decisions on a CPU, yet each decision only needs the exact order near one
+rank. Large batches are therefore binned by value, from the top down:
+``key = round((1 - score) * num_bins)``, so key 0 holds the highest scores and the key
+never increases with the score (rounding is monotone). One ``bincount`` gives every bin's
+count, their running totals give the rank at which each bin ends, and only the members of
+the bins that matter are sorted. Members are selected by key, never by a recomputed
+value bound, so a selection always holds exactly the counted slots. (Keys run from the
+top so that every later array is read forwards: NumPy's accumulate and argmax are several
+times slower on reversed views.)
 
 Whether binning pays depends on the machine: NumPy sorts and partitions float64 with
-SIMD (x86-simd-sort) where the CPU has AVX-512, about three times faster than without,
-and there ranking everything wins up to several thousand slots. So above
-``SORT_MAX_SLOTS`` the choice is measured, once per size class and decision, on the
-first batch of that class (``sorting_is_faster``). Both ways give the same answers.
+SIMD (x86-simd-sort) where the CPU has AVX-512, several times faster than without, and
+there ranking everything wins up to several thousand slots. So above ``SORT_MAX_SLOTS``
+the choice is measured, once per size class and decision, on the first batch of that
+class (``sorting_is_faster``). Both ways give the same answers.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from collections.abc import Callable
 import numpy as np
 
 SORT_MAX_SLOTS = 1024
-"""Up to this many slots ranking everything always beats binning (on 2-core machines with
-and without AVX-512); above it ``sorting_is_faster`` measures."""
+"""Up to this many slots ranking everything beats binning, with or without AVX-512;
+above it ``sorting_is_faster`` measures."""
 
 RANKING = "measured"
 """How batches above ``SORT_MAX_SLOTS`` are ranked: ``"measured"`` (whichever is faster
@@ -44,10 +44,10 @@ _CALIBRATION_WARMUP = 3
 _CALIBRATION_ROUNDS = 9
 _CALIBRATION_BLOCK = 4  # calls of one way in a row per round; the first one untimed
 _SORT_MARGIN = 0.9
-"""Sorting is chosen when its median is below this share of binning's: in a slow phase
-of this VM both ways measure alike (session 35: 54.0 against 54.8 µs a budget search),
-the choice lasts the process, and in its fast phases binning is 20% faster here; where
-sorting is much faster (SIMD sorts on other CPUs), 10% changes nothing."""
+"""Sorting is chosen when its median is below this share of binning's: on a machine whose
+speed wanders both ways can measure alike while binning is the faster one in steady
+running, and the choice lasts the process; where sorting is much faster (SIMD sorts),
+10% changes nothing."""
 
 ACCUMULATE_MAX_REQS = 96
 """Up to this many requests one ``multiply.accumulate`` call is cheaper than a loop over
@@ -57,10 +57,9 @@ positions; beyond it NumPy's accumulate along the short axis is the slower of th
 MERGE_MIN_SLOTS = 1024
 """From this many slots a full ranking (``sort_ranked``) sorts each position's scores and
 merges the K sorted runs (a stable sort finds runs and merges them) instead of sorting
-every slot at once. This 2-core CPU (AVX-512), K = 7, negated scores: 10.7 against 30.9
-µs at 256 requests, 131 against 205 at 1,024; level at 64 (3.0 against 3.1), slower
-below. The values come out the same either way (equal scores are interchangeable), so
-gains summed from them are bit for bit the same."""
+every slot at once: faster from here on, no faster below. The values come out the same
+either way (equal scores are interchangeable), so gains summed from them are bit for bit
+the same."""
 
 
 def sort_ranked(ranked: np.ndarray) -> np.ndarray:
@@ -198,18 +197,7 @@ def sorting_is_faster(
 
     Warm, and by the median: a step runs either way thousands of times, warm. Cold, the
     one sort routine pays less for its first calls than binning's dozen array calls, and
-    the fastest of a few tries favours the way whose times spread more. Warm, over 64
-    batches at 256 requests on this 2-core CPU, binning took 21-26 µs a budget search
-    against 34-38 sorting for six kinds of confidences; in ten fresh processes the old
-    calibration (the fastest of five cold tries over uniform(0.5, 1) confidences) sorted
-    for the budget once and partitioned for the allocation's threshold three times, this
-    one never (``scripts/ranking_calibration.py``, session 34). Called again in the same
-    process, a calibration meets the same scores (its seed is the size class), which
-    sorting then runs faster: repeated so, either rule picked sorting about half the
-    time. Yet within ``dspark bench-scheduler``, after the smaller sizes had run, it
-    still sorted the 256-request class in six of eight runs (session 35; see
-    ``_sorting_measured_faster``); timed in blocks and with the margin, in none of
-    eight, and in none of ten calibrations repeated in one process.
+    the fastest of a few tries favours the way whose times spread more.
     """
     if RANKING != "measured":
         return RANKING == "sort"
@@ -228,21 +216,17 @@ def _sorting_measured_faster(size_class: int, by_sorting, by_binning) -> bool:
     times: dict[Callable, list[float]] = {by_sorting: [], by_binning: []}
     for round_ in range(_CALIBRATION_WARMUP + _CALIBRATION_ROUNDS):
         # Fresh scores every round, as every step brings: sorting the same scores again
-        # runs faster (the branch predictor learns them), and once had the ranking sort
-        # 1,792 slots where binning was faster on the steps that followed (this CPU:
-        # 55.6 against 38-40 µs a budget at 256 requests, ``dspark bench-scheduler``).
+        # runs faster (the branch predictor learns them), which would favour sorting
+        # where binning is faster on the steps that follow.
         batch = [
             running_product(rng.beta(3.0, 1.5, (7, num_reqs))).ravel()
             for _ in range(_CALIBRATION_BLOCK)
         ]
         rank = batch[0].shape[0] // 3
         # Each way runs a few calls in a row, the first untimed, as a step's decisions
-        # run warm one after another: single calls alternating between the two ways each
-        # found the other's code and data evicted, which slowed binning's two dozen
-        # array calls more than the one sort (this CPU, session 35: binning 52-76 µs a
-        # search in the calibration against about 25 in the benchmark, so the 256-request
-        # class sorted in six of eight ``bench-scheduler`` runs). The ways take turns
-        # going first.
+        # run warm one after another: single calls alternating between the two ways
+        # would each find the other's code and data evicted, which slows binning's two
+        # dozen array calls more than the one sort. The ways take turns going first.
         order = (by_sorting, by_binning) if round_ % 2 == 0 else (by_binning, by_sorting)
         for way in order:
             way(batch[0], rank)

@@ -18,66 +18,51 @@ prefix of each request's drafts, and whether draft k of a request is admitted de
 only on that request's drafts 1..k-1 (through their survival) and on other requests,
 never on draft k itself or later ones. Rejection sampling of an admitted prefix stays
 exact, so the output follows the target distribution whatever the verifier decides.
-
 A new slot starts with all confidences 1.0: a request's first budget assumes its drafts
 survive until it has a track record.
 
-Deciding whether to draft at all, and how deep (``drafting_pays``, before the drafter
-runs), reads the latest recorded confidences (a request with none yet counts as the
-population's average): the drafts they describe are already verified, so this is as
-lossless as the budget. A step that skips the drafter records nothing, so a request
-whose last drafts looked poor would never be drafted again; ``relax`` therefore moves the
-skipped slots' survival halfway towards the population's (a running average of every
-recorded round), and the request is retried once that average says drafting pays. The
-average forgets by rounds, not only by calls (``POPULATION_ROUND_DECAY``): at one request
-a memory of ten calls is the request's last ten drafted rounds, which are the poor ones
-before it stopped drafting, and a population that low kept a request undrafted that would
-have gained from drafting (``scripts/c1_policy_sim.py``, SmolLM2's rounds recorded
-request by request and replayed at an H200's prices: 0.984x and 0.981x the best fixed K
-with ten calls' memory, 0.990x and 0.986x with two hundred rounds', on rounds recorded on
-the CPU and on the H200).
+Drafting at all, and relax. Whether to draft, and how deep (``drafting_pays``, before
+the drafter runs), reads the latest recorded confidences (a request with none yet counts
+as the population's average): their drafts are already verified, so this is as lossless
+as the budget. A step that skips the drafter records nothing, so a request whose last
+drafts looked poor would never be drafted again; ``relax`` moves the skipped slots'
+survival halfway towards the population's (a running average of every recorded round),
+and the request is retried once that average says drafting pays. The average forgets by
+rounds, not only by calls (``POPULATION_ROUND_DECAY``): at one request a few calls'
+memory holds only the poor rounds before the request stopped drafting, which would keep
+it undrafted where drafting would gain.
 
-How much one round says about the next is measured, not assumed. Each ``record`` pairs
-every slot's previous round with its new one (expected accepted drafts, the survival
-summed over positions; a round ``relax`` moved towards the population counts as moved)
-and keeps a running correlation of the pairs (``predictiveness``).
-``drafting_pays`` prices each request at ``population + predictiveness · (latest -
-population)``: the best linear prediction of its coming round. Where rounds barely
-predict each other (a lag-one correlation of 0.24 in the shipped SmolLM2 drafter's
-recorded rounds; none in rounds replayed independently) a small batch no longer drafts
-shallow, or not at all, because its one previous round happened to look poor. Until
-``PREDICTIVENESS_MIN_PAIRS`` pairs are seen it is 1.0 (the latest round taken as is).
+Predictiveness. How much one round says about the next is measured, not assumed: each
+``record`` pairs every slot's previous round with its new one (expected accepted drafts,
+the survival summed over positions; a round ``relax`` moved counts as moved) and keeps
+their running correlation, ``predictiveness`` (1.0 until ``PREDICTIVENESS_MIN_PAIRS``
+pairs are seen). ``drafting_pays`` prices each request at ``population + predictiveness
+· (latest - population)``, the best linear prediction of its coming round, so that where
+rounds barely predict each other one poor-looking round does not stop a small batch
+drafting, or make it draft shallow.
 
-The budget (``plan``) reads the stale rounds in two parts. Their spread within the batch
-stands for the spread of this round's fresh ones, which the allocation ranks: it is kept,
-as the seed keeps it. Their mean over the batch is one more round of the batch's level,
-which predicts the coming round's level only as far as rounds predict each other: it is
-shrunk towards the population's by ``predictiveness``, like ``drafting_pays``' rows
-(``_shrink_batch_level``), by scaling each position's rows, so that their ratios stay and
-no survival reaches 0 that was not 0. (Shifting them instead drove the rows below a
-lucky batch's mean to 0, and the smallest best budget left those slots out even where
-verifying them cost nothing: ``scripts/shrink_sim.py``, 16 requests drafting on
-independent published rounds with a flat verify cost, cut half the budgets that way, and
-none scaling.) At
-one request there is no spread, so the budget is planned from the request's predicted
-survival; at hundreds the batch mean sits near the population's and the plan is the
-seed's. Without it, a lone request whose last round happened to look poor had its drafts
-cut after the drafter had already run them (the 8B shape at one request, independent
-replayed rounds: a budget of 3 or 1 in one step of six, each emitting about one token
-fewer than a full verify, for a step only 3% cheaper).
+Batch-level shrink. ``plan`` reads the stale rounds in two parts. Their spread within
+the batch stands for the spread of the fresh ones that the allocation ranks, and is kept,
+as the seed keeps it. Their batch mean is one more round of the batch's level, which
+predicts the coming level only as far as rounds predict each other, so
+``_shrink_batch_level`` moves it towards the population's by ``predictiveness``. It
+scales each position's rows rather than shifting them, so their ratios stay and no
+survival reaches 0 that was not 0 (a shift would drive the rows below a lucky batch's
+mean to 0, and the smallest best budget would leave those slots out even where verifying
+them costs nothing). At one request the plan reads the request's predicted survival, so
+one poor-looking round does not cut drafts the drafter has already run; at hundreds the
+batch mean sits near the population's and the plan is the seed's.
 
-A step that carries a prompt chunk besides its decodes is priced as if the chunk were not
-there: the drafts' cost is their marginal one (the target's cost of the chunk's tokens
-*plus* the drafts, less that of the chunk's tokens alone, and the drafter), set against
-a step of the same requests' decodes alone (each request at one token: a request whose
-chunk does not finish its prompt counts as a decode that samples nothing, which prices
-the undrafted step one token high per such request). The chunk's tokens are computed whichever way
-the step drafts, and the drafts' tokens save decoding steps, not prompt work, so they pay
-when they come faster than decoding alone brings them. Priced with the chunk in, as the
-seed prices every step, the step's own rate is held down by the chunk's cost, and drafts
-that come slower than decoding alone still raise it (SmolLM2 on the 2-core CPU at 16
-requests: 14 of 16 steps with a prompt chunk drafted, at 0.050 tokens/ms against 0.087
-for undrafted decoding steps). Steps of decodes alone are priced as the seed prices them.
+Prompt chunks. A step that carries a prompt chunk besides its decodes is priced as if the
+chunk were not there: the drafts' cost is their marginal one (the target's cost of the
+chunk's tokens *plus* the drafts, less that of the chunk's tokens alone, and the
+drafter), against a step of the same requests' decodes alone (one token each: a request
+whose chunk does not finish its prompt counts as a decode that samples nothing, which
+prices the undrafted step one token high per such request). The chunk is computed either
+way and drafts save decoding steps, not prompt work, so they pay only when they come
+faster than decoding alone brings them; priced with the chunk in, as the seed prices
+every step, the chunk's cost holds the step's rate down and drafts slower than decoding
+would still raise it. Steps of decodes alone are priced as the seed prices them.
 """
 
 from __future__ import annotations
@@ -100,8 +85,9 @@ POPULATION_RECORD_DECAY = 0.9
 POPULATION_ROUND_DECAY = 0.995
 """A ``record`` call of ``n`` rounds keeps ``max(POPULATION_RECORD_DECAY,
 POPULATION_ROUND_DECAY ** n)`` of the population's weight on earlier rounds: at one
-request a memory of about two hundred rounds (not ten), from about 21 requests on one of
-about ten calls (thousands of rounds at hundreds of requests), as before."""
+request a memory of about two hundred rounds (the per-call decay alone keeps about ten
+calls), from about 21 requests on one of about ten calls (thousands of rounds at hundreds
+of requests)."""
 
 PREDICTIVENESS_MIN_PAIRS = 64
 """Consecutive-round pairs (weighted by the running decay) before ``predictiveness`` is
@@ -198,7 +184,7 @@ class AdaptiveVerifier:
             if before.shape[0]:
                 self._record_pairs(before, expected)
             self._unrecorded[slots] = False
-            # Small batches forget by rounds (module doc), large ones by calls as before.
+            # Small batches forget by rounds (module doc), large ones by calls.
             decay = max(self.population_decay, self.population_round_decay ** slots.shape[0])
             mean = np.add.reduce(survival, axis=1) / slots.shape[0]  # [K]
             self._population_sum = decay * self._population_sum + (1 - decay) * mean

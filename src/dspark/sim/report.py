@@ -78,7 +78,8 @@ def full_table(result: SweepResult) -> str:
 
 
 def checks(result: SweepResult) -> dict[str, object]:
-    """The figures the simulator issue asks for, computed from the sweep."""
+    """The headline comparisons, from the sweep: ours against the best fixed K, the seed
+    and the ideal policy, and what miscalibrated confidences cost ours."""
     points = _main_runs(result)
     out: dict[str, object] = {}
     vs_fixed = [

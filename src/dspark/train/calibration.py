@@ -5,9 +5,9 @@ The scheduler multiplies the per-position confidences into survival probabilitie
 calibrated. STS goes left to right: with positions 1..k-1 fixed, it picks the
 temperature of position k that minimises the expected calibration error (ECE) of the
 survival at k against the observed survival. A temperature only stretches logits around
-zero, so it cannot remove a constant over-confidence (a head that predicts 0.51 where 0.46
-of drafts pass); with ``shift=True`` each position also gets a shift, z / T_k + b_k,
-searched jointly on a grid (sequential Platt scaling). NumPy only.
+zero, so it cannot remove a constant over-confidence (a head that predicts more
+acceptance than its drafts get); with ``shift=True`` each position also gets a shift,
+z / T_k + b_k, searched jointly on a grid (sequential Platt scaling). NumPy only.
 """
 
 from __future__ import annotations

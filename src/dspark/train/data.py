@@ -3,7 +3,7 @@
 Prompts are the first user turns of the ShareGPT split (``dspark.datasets.sharegpt_split``)
 under the model's chat template. Answers come from ``generate_greedy``: a padded batch
 decoder over the target's weights (``LlamaModel.forward_dense``) that keeps a dense cache
-per batch, so a GPU generates thousands of answers a minute. It produces exactly the
+per batch, so a GPU generates answers in large batches. It produces exactly the
 engine's greedy tokens (a test checks it in fp32 on CPU).
 """
 

@@ -1,4 +1,4 @@
-"""Training a DSpark drafter by self-distillation (DESIGN §3).
+"""Training a DSpark drafter by self-distillation.
 
 Each step samples sequences (prompt + the target's answer), runs the frozen target over
 them once (its captured layers are the drafter's context, its logits the teacher), picks
