@@ -62,7 +62,8 @@ out = {}
 for lookahead in ("off", "on"):
     for graphs in ("off", "on"):
         for trace in ("shipped", "published:chat"):
-            rounds = AcceptanceTrace.load() if trace == "shipped" else AcceptanceTrace.resolve(trace)
+            shipped = trace == "shipped"
+            rounds = AcceptanceTrace.load() if shipped else AcceptanceTrace.resolve(trace)
             engine = LLMEngine(
                 target,
                 config(kv_cache_tokens=4096, spec="adaptive", num_drafts=7, max_num_seqs=4,
@@ -73,8 +74,10 @@ for lookahead in ("off", "on"):
             )
             engine.round_log = []
             requests = [
-                engine.add_request(list(range(3 + i, 15 + 2 * i)),
-                                   SamplingParams(temperature=0.0, max_tokens=12 + 5 * i, ignore_eos=True))
+                engine.add_request(
+                    list(range(3 + i, 15 + 2 * i)),
+                    SamplingParams(temperature=0.0, max_tokens=12 + 5 * i, ignore_eos=True),
+                )
                 for i in range(16)
             ]
             steps = 0
@@ -89,7 +92,9 @@ for lookahead in ("off", "on"):
                 "budgets": [int(b) for b in stats.budgets],
                 "depths": {str(d): n for d, n in sorted(stats.depth_steps.items())},
                 "rounds": [[int(a), int(b)] for _, a, b in engine.round_log],
-                "outputs": hashlib.sha1(json.dumps([r.output_ids for r in requests]).encode()).hexdigest(),
+                "outputs": hashlib.sha1(
+                    json.dumps([r.output_ids for r in requests]).encode()
+                ).hexdigest(),
                 "taken ahead": [stats.lookahead_hits, stats.lookahead_reused, stats.lookahead_plans,
                                 stats.drafting_plans, stats.share_plans, stats.recut_plans],
             }
