@@ -141,13 +141,6 @@ class DistillSet:
     def num_answer_tokens(self) -> int:
         return int(sum(len(s) for s in self.sequences) - self.prompt_lengths.sum())
 
-    @classmethod
-    def concatenate(cls, parts: Sequence[DistillSet]) -> DistillSet:
-        return cls(
-            [s for part in parts for s in part.sequences],
-            np.concatenate([part.prompt_lengths for part in parts] or [np.zeros(0, np.int64)]),
-        )
-
     def save(self, path: str | Path) -> None:
         """Compressed; ids as uint16 when they fit (half the bytes to carry)."""
         lengths = np.array([len(s) for s in self.sequences], dtype=np.int64)

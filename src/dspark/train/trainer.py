@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -285,8 +286,6 @@ CHECKPOINT_FILE = "state.pt"
 
 def load_checkpoint(directory) -> dict | None:
     """The training state ``train`` left in ``directory``, or None when there is none."""
-    from pathlib import Path
-
     path = Path(directory) / CHECKPOINT_FILE
     if not path.is_file():
         return None
@@ -294,8 +293,6 @@ def load_checkpoint(directory) -> dict | None:
 
 
 def _save_checkpoint(directory, state: dict) -> None:
-    from pathlib import Path
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     partial = directory / (CHECKPOINT_FILE + ".partial")
