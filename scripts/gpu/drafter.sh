@@ -8,8 +8,12 @@
 #   bash scripts/gpu/drafter.sh train     the capacity and loss variants side by side on
 #                                         that data (resumes any that were cut off)
 #   bash scripts/gpu/drafter.sh eval      acceptance in the engine (ShareGPT, HumanEval,
-#                                         T = 0 and 1), calibration, and dspark bench
-#                                         against the shipped drafter at 1 and 64 requests
+#                                         T = 0 and 1) and calibration (CALIBRATE=names)
+#   bash scripts/gpu/drafter.sh bench     dspark bench of the drafters BENCH names
+#                                         ('shipped' is the packaged one) at CONCURRENCY
+#
+# `train` reuses distillation data carried in .gpu/distill-data when this machine has
+# none (a fresh machine after the distill call went back).
 #
 # Data and checkpoints stay under /root/stage while the machine is warm; what comes back
 # is packed into $OUT (pieces of at most 15 MiB).
@@ -46,13 +50,15 @@ case "$1" in
     ;;
   train)
     mkdir -p $RUNS
+    [ -d $DATA ] || cp -r .gpu/distill-data $DATA || exit 1
     while IFS= read -r line; do
       name=${line%%:*} flags=${line#*:}
       if [ -f "$RUNS/$name/checkpoint/state.pt" ]; then
         args=(--resume "$RUNS/$name")
       else
         args=(--model "$G" --dtype bfloat16 --out "$RUNS/$name" --data $DATA $flags
-          --steps $STEPS --batch-size 16 --anchors 32 --max-length 1600 --eval-every 200
+          --steps $STEPS --batch-size ${BATCH:-16} --anchors 32 --max-length 1600
+          --eval-every ${EVAL_EVERY:-200}
           --checkpoint-every 200 --intermediate ${INTERMEDIATE:-1024})
       fi
       python3 -m dspark.cli train-drafter "${args[@]}" --max-minutes ${TRAIN_MINUTES:-8} \
@@ -63,6 +69,7 @@ case "$1" in
     (cd $RUNS && pack drafters */drafter.json */drafter.safetensors */history.json */training.png)
     ;;
   eval)
+    [ -d $RUNS ] || cp -r .gpu/runs $RUNS || exit 1  # a fresh machine: the carried runs
     names=$(cd $RUNS && ls -d */ | tr -d / | tr '\n' ' ')
     drafters=(--drafter shipped=src/dspark/data/drafters/SmolLM2-135M-Instruct)
     for n in $names; do drafters+=(--drafter "$n=$RUNS/$n"); done
@@ -74,17 +81,22 @@ case "$1" in
       timeout 120 python3 -m dspark.cli calibrate --model "$G" --dtype bfloat16 \
         --prompts .gpu/prompts.npz --drafter "$RUNS/$n" --report "$OUT/calib-$n" 2>&1 | tail -3
     done
-    for n in ${BENCH:-}; do
-      for c in 1 64; do
-        timeout 150 python3 -m dspark.cli bench --model "$G" --device cuda --dtype bfloat16 \
-          --prompts .gpu/prompts.npz --drafter "$RUNS/$n" --concurrency $c --fixed 3 5 7 \
-          --repeats 2 --window-s 4 --min-requests $(( c * 2 )) --full-warmup --freeze-gc \
-          --out "$OUT/bench-$n/c$c" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -6
-      done
-    done
     (cd $RUNS && pack calibrated */drafter.json)
     ;;
-  *) echo "usage: bash scripts/gpu/drafter.sh distill|train|eval" ;;
+  bench)
+    [ -d $RUNS ] || cp -r .gpu/runs $RUNS
+    for n in ${BENCH:-shipped}; do
+      dir=$RUNS/$n
+      [ "$n" = shipped ] && dir=src/dspark/data/drafters/SmolLM2-135M-Instruct
+      for c in ${CONCURRENCY:-1 64}; do
+        timeout ${BENCH_TIMEOUT:-150} python3 -m dspark.cli bench --model "$G" --device cuda \
+          --dtype bfloat16 --prompts .gpu/prompts.npz --drafter "$dir" --concurrency $c \
+          --fixed ${FIXED:-3 5 7} --repeats 2 --window-s 4 --min-requests $(( c * 2 )) \
+          --full-warmup --freeze-gc --out "$OUT/bench-$n-c$c" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -8
+      done
+    done
+    ;;
+  *) echo "usage: bash scripts/gpu/drafter.sh distill|train|eval|bench" ;;
 esac
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/device.txt"
 true

@@ -12,7 +12,13 @@ from dspark.engine.engine import LLMEngine
 from dspark.engine.llm import conversation_ids
 from dspark.engine.sampling import SamplingParams
 from dspark.train.data import DistillSet
-from dspark.train.distill import DistillConfig, distill, pack_user_turns, read_user_turns
+from dspark.train.distill import (
+    DistillConfig,
+    distill,
+    merge_shards,
+    pack_user_turns,
+    read_user_turns,
+)
 
 DIALOGUES = [("Name a colour.", "And another one?"), ("Say hi.",), ("Count to three.", "Why?")]
 
@@ -77,3 +83,25 @@ def test_packed_turns_round_trip_and_uint16_storage(tmp_path):
         assert raw["flat"].dtype == np.uint16
     back = DistillSet.load(tmp_path / "d.npz")
     assert back.sequences[0].tolist() == [1, 65535, 7] and back.sequences[0].dtype == np.int32
+
+
+def test_shards_that_skip_earlier_conversations_merge_into_the_whole_run(engine, tmp_path):
+    config = DistillConfig(max_new_tokens=8, sampled_share=0.5, seed=1)
+    whole = distill(engine, DIALOGUES, config)
+    for name, skip, dialogues in (("a", 0, DIALOGUES[:1]), ("b", 1, DIALOGUES)):
+        shard = distill(engine, dialogues, config, skip=skip)
+        (tmp_path / name).mkdir()
+        shard.data.save(tmp_path / name / "train.npz")
+        np.save(tmp_path / name / "train.sampled.npy", shard.sampled)
+    merged = merge_shards(tmp_path / "merged", [tmp_path / "a", tmp_path / "b"])
+
+    def rows(data, sampled):
+        return sorted(
+            (s.tolist(), int(n), bool(m))
+            for s, n, m in zip(data.sequences, data.prompt_lengths, sampled, strict=True)
+        )
+
+    again = DistillSet.load(tmp_path / "merged" / "train.npz")
+    sampled = np.load(tmp_path / "merged" / "train.sampled.npy")
+    assert rows(again, sampled) == rows(whole.data, whole.sampled)
+    assert len(merged) == len(whole.data)

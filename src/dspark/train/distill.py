@@ -97,17 +97,20 @@ def distill(
     config: DistillConfig = DistillConfig(),
     *,
     deadline: float | None = None,
+    skip: int = 0,
     progress: bool = False,
 ) -> DistillResult:
     """Answer the user turns of ``dialogues`` with ``engine`` (an idle ``LLMEngine``).
     After ``deadline`` (a ``time.monotonic`` value) no new turn starts; turns in flight
-    finish."""
+    finish. ``skip`` leaves out the first conversations (those an earlier shard took);
+    temperatures and seeds follow each conversation's place in ``dialogues``, so shards
+    answer as one longer run would."""
     rng = np.random.default_rng(config.seed)
     sampled_at = rng.random(len(dialogues)) < config.sampled_share
     waiting = deque(
         _Dialogue(i, turns, 1.0 if sampled_at[i] else 0.0)
         for i, turns in enumerate(dialogues)
-        if turns
+        if turns and i >= skip
     )
     running: dict[str, _Dialogue] = {}
     sequences: list[np.ndarray] = []
@@ -115,7 +118,10 @@ def distill(
     sampled: list[bool] = []
     result = DistillResult(DistillSet([], np.zeros(0, np.int64)), np.zeros(0, bool), 0.0)
     bar = tqdm(
-        total=sum(len(t) for t in dialogues), desc="distill", unit="turn", disable=not progress
+        total=sum(len(t) for t in dialogues[skip:]),
+        desc="distill",
+        unit="turn",
+        disable=not progress,
     )
     start = time.perf_counter()
 
@@ -210,6 +216,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     parser.add_argument("--turns", default=None, help="packed user turns (default: the package)")
     parser.add_argument("--limit", type=int, default=None, help="conversations at most")
+    parser.add_argument(
+        "--skip",
+        type=int,
+        default=0,
+        help="start at this conversation (the 'conversations' count of earlier shards)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=256, help="requests per engine step")
     parser.add_argument("--kv-cache-tokens", type=int, default=None)
     parser.add_argument("--minutes", type=float, default=None, help="start no turn after this")
@@ -302,7 +314,9 @@ def main(args: argparse.Namespace) -> None:
         report["compare"] = compare_generators(args, loaded, engine, dialogues)
         print(f"[dspark] generators on {args.compare} first turns: {report['compare']}")
     deadline = None if args.minutes is None else time.monotonic() + 60 * args.minutes
-    result = distill(engine, dialogues, _config(args), deadline=deadline, progress=True)
+    result = distill(
+        engine, dialogues, _config(args), deadline=deadline, skip=args.skip, progress=True
+    )
     result.data.save(out / "train.npz")
     np.save(out / "train.sampled.npy", result.sampled)
     report["total"] = {
@@ -313,14 +327,35 @@ def main(args: argparse.Namespace) -> None:
     print(f"[dspark] distilled {report['total']}")
 
 
-def _pack_main() -> None:
-    """``python -m dspark.train.distill pack FILE``: the training split's user turns."""
+def merge_shards(out: str | Path, shards: Sequence[str | Path]) -> DistillSet:
+    """One training split (``train.npz``, ``train.sampled.npy``) from distill outputs."""
+    sets = [DistillSet.load(Path(d) / "train.npz") for d in shards]
+    sampled = np.concatenate([np.load(Path(d) / "train.sampled.npy") for d in shards])
+    merged = DistillSet(
+        [s for d in sets for s in d.sequences],
+        np.concatenate([d.prompt_lengths for d in sets]),
+    )
+    Path(out).mkdir(parents=True, exist_ok=True)
+    merged.save(Path(out) / "train.npz")
+    np.save(Path(out) / "train.sampled.npy", sampled)
+    return merged
+
+
+def _tools_main() -> None:
+    """``python -m dspark.train.distill pack FILE``: the training split's user turns;
+    ``python -m dspark.train.distill merge OUT SHARD...``: distill outputs joined."""
     import sys
 
+    if sys.argv[1:2] == ["merge"] and len(sys.argv) > 3:
+        merged = merge_shards(sys.argv[2], sys.argv[3:])
+        print(f"{len(merged)} sequences, {merged.num_answer_tokens} answer tokens")
+        return
+    if sys.argv[1:2] != ["pack"] or len(sys.argv) != 3:
+        raise SystemExit(_tools_main.__doc__)
     dialogues = sharegpt_user_turns("train")
     pack_user_turns(sys.argv[2], dialogues)
     print(f"{len(dialogues)} conversations, {sum(map(len, dialogues))} user turns")
 
 
 if __name__ == "__main__":
-    _pack_main()
+    _tools_main()
