@@ -178,6 +178,10 @@ def test_max_tokens_defaults_to_the_rest_of_the_context(server):
     # Asking for more than the context leaves is refused, naming the field.
     response = post(server, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 9000})
     assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
+    chat_body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    response = post(server, "/v1/chat/completions", {**chat_body, "max_completion_tokens": 9000})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "max_completion_tokens"
 
 
 def test_tiny_temperatures_decode_greedily(server):

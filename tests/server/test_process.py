@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from dspark.bench.load import start_serve
 from tests.server.conftest import free_port
@@ -16,9 +15,6 @@ from tests.server.test_server import MODEL
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# A second process loading the model: its start-up took 17 s to over 200 s on the 2-core
-# machine, too long and too variable for the default suite.
-@pytest.mark.slow
 def test_the_key_comes_from_the_environment_and_a_second_signal_exits_at_once(smollm2, tmp_path):
     port = free_port()
     base = f"http://127.0.0.1:{port}"

@@ -1,5 +1,5 @@
-"""The soak (dspark.bench.soak) against a real server: a short one in the default suite,
-the full 60 s one behind ``-m slow`` (scripts/soak.py runs it against ``dspark serve``)."""
+"""The soak (dspark.bench.soak) against a real server: 64 clients for three rounds of 20 s,
+half of them hanging up at random (scripts/soak.py runs the same against ``dspark serve``)."""
 
 import pytest
 
@@ -20,15 +20,9 @@ def soak(server, rounds: int, seconds: float) -> dict:
     return run_soak(config, rounds, seconds)
 
 
-def test_a_short_soak_loses_nothing_and_leaks_nothing(soak_server):
-    result = soak(soak_server, rounds=3, seconds=5.0)
+def test_a_soak_loses_nothing_and_leaks_nothing(soak_server):
+    result = soak(soak_server, rounds=3, seconds=20.0)
     assert problems(result) == []
     rounds = result["rounds"]
     assert sum(r.cancelled for r in rounds) > 0  # hang-ups really happened
     assert sum(r.completed for r in rounds) >= 3
-
-
-@pytest.mark.slow
-def test_the_full_soak(soak_server):
-    result = soak(soak_server, rounds=3, seconds=20.0)
-    assert problems(result) == []

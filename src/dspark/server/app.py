@@ -205,11 +205,12 @@ def _max_tokens(body, num_prompt: int, max_model_len: int) -> int:
     if asked is None:
         return room
     if asked > room:
+        field = "max_tokens" if body.max_tokens is not None else "max_completion_tokens"
         raise ApiError(
             400,
-            f"max_tokens is {asked}, but the context of {max_model_len} tokens leaves "
+            f"{field} is {asked}, but the context of {max_model_len} tokens leaves "
             f"{room} after the prompt's {num_prompt}",
-            param="max_tokens",
+            param=field,
             code="context_length_exceeded",
         )
     return asked
