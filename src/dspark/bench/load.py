@@ -164,28 +164,12 @@ def main(args: argparse.Namespace) -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     log_path = args.out_dir / "bench_serve_server.log"
     if url is None:
-        server_log = log_path.open("w")
         url = f"http://127.0.0.1:{args.port}"
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dspark.cli",
-                "serve",
-                "--port",
-                str(args.port),
-                "--max-num-seqs",
-                str(args.clients),
-                "--spec",
-                args.spec,
-                "--max-pending",
-                "512",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=server_log,  # a file: a pipe nobody reads would block the server
-            env=os.environ.copy(),
+        server = start_serve(
+            args.port,
+            ["--max-num-seqs", str(args.clients), "--spec", args.spec, "--max-pending", "512"],
+            log_path,
         )
-        _wait_ready(url, server, log_path)
     try:
         pid = server.pid if server else None
         report = None
@@ -223,15 +207,26 @@ def main(args: argparse.Namespace) -> None:
     print(f"wrote {path}")
 
 
-def _wait_ready(url: str, server: subprocess.Popen, log_path: Path) -> None:
+def start_serve(
+    port: int, extra_args: list[str], log_path: Path, env: dict | None = None
+) -> subprocess.Popen:
+    """``dspark serve --port PORT *extra_args`` as a subprocess, once it is healthy; its
+    output goes to ``log_path``."""
+    command = [sys.executable, "-m", "dspark.cli", "serve", "--port", str(port), *extra_args]
+    with log_path.open("w") as log:  # a file: a pipe nobody reads would block the server
+        server = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=log, env=env or os.environ.copy()
+        )
+    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise RuntimeError(f"the server exited: {log_path.read_text()[-2000:]}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
+                return server
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
+    server.kill()
     raise RuntimeError("the server did not become healthy in 300 s")

@@ -7,11 +7,15 @@ server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus text)
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
 from dspark.engine.config import EngineConfig, SpecMode
 from dspark.models.loader import cache_dir, resolve_dtype
+
+API_KEY_ENV = "DSPARK_API_KEY"
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +41,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=30.0,
         help="on shutdown, how long in-flight requests may still run",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"clients must send 'Authorization: Bearer KEY' to /v1 (default: ${API_KEY_ENV}; "
+        "unset: no key); /health and /metrics stay open",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="larger request bodies get HTTP 413",
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
@@ -65,6 +81,8 @@ def main(args: argparse.Namespace) -> None:
         dtype,
         args.grace_seconds,
         args.served_name,
+        args.api_key or None,
+        args.max_body_bytes,
     )
     server = GracefulServer(app, runner, args.host, args.port, args.grace_seconds)
     # The model, tokenizer, engine and server live as long as the process: no full

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -64,7 +65,7 @@ class ServerMetrics:
                 "# HELP dspark_requests_rejected_total Requests refused, by HTTP status.",
                 "# TYPE dspark_requests_rejected_total counter",
             ]
-            for status in ("400", "429", "503"):
+            for status in ("400", "401", "404", "413", "429", "500", "503"):
                 lines.append(
                     f'dspark_requests_rejected_total{{status="{status}"}} {self.rejected[status]}'
                 )
@@ -83,4 +84,17 @@ class ServerMetrics:
             )
             for name, value in sorted(self.gauges.items()):
                 lines += [f"# TYPE dspark_{name} gauge", f"dspark_{name} {value}"]
+        rss = resident_bytes()
+        if rss is not None:  # the name Prometheus client libraries give it
+            lines += ["# TYPE process_resident_memory_bytes gauge"]
+            lines += [f"process_resident_memory_bytes {rss}"]
         return "\n".join(lines) + "\n"
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux ``/proc``; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -24,6 +24,9 @@ from dspark.server.metrics import ServerMetrics
 
 log = logging.getLogger("dspark.server")
 
+# What clients learn of a failure inside the engine; the traceback goes to the log.
+INTERNAL_ERROR = "internal engine error (details are in the server log)"
+
 
 class QueueFullError(RuntimeError):
     """More requests are pending than the server accepts (HTTP 429)."""
@@ -76,9 +79,12 @@ class EngineRunner:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> tuple[str, asyncio.Queue]:
-        """Queue a request; raises ``ShuttingDownError``, ``QueueFullError`` or
-        ``ValueError`` (bad prompt) without touching the engine."""
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, id_prefix: str = "cmpl"
+    ) -> tuple[str, asyncio.Queue]:
+        """Queue a request (its id starts with ``id_prefix``); raises
+        ``ShuttingDownError``, ``QueueFullError`` or ``ValueError`` (bad prompt) without
+        touching the engine."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         if len(prompt_ids) >= self.engine.max_model_len:
@@ -95,7 +101,7 @@ class EngineRunner:
                     f"{self.max_pending}); retry later"
                 )
             self._pending += 1
-        request_id = f"cmpl-{next(self._ids)}-{time.monotonic_ns() % 10**9}"
+        request_id = f"{id_prefix}-{next(self._ids)}-{time.monotonic_ns() % 10**9}"
         sink = _Sink(asyncio.get_running_loop(), asyncio.Queue(), params.stop, len(prompt_ids))
         self._commands.put(("add", request_id, prompt_ids, params, sink))
         return request_id, sink.events
@@ -136,9 +142,9 @@ class EngineRunner:
                 continue
             try:
                 touched = self.engine.step()
-            except Exception as error:  # a bug must not take the server down
+            except Exception:  # a bug must not take the server down
                 log.exception("engine step failed")
-                self._fail_all(f"internal engine error: {error!r}")
+                self._fail_all(INTERNAL_ERROR)
                 continue
             for request in touched:
                 self._publish(request)
@@ -159,6 +165,9 @@ class EngineRunner:
                     self.engine.add_request(prompt_ids, params, request_id)
                 except ValueError as error:
                     self._close(request_id, Event(finish_reason="error", error=str(error)))
+                except Exception:  # a bug must fail this request only, not the thread
+                    log.exception("adding request %s failed", request_id)
+                    self._close(request_id, Event(finish_reason="error", error=INTERNAL_ERROR))
             elif kind == "abort":
                 request = self.engine.requests.get(command[1])
                 if request is not None and not request.is_finished:
@@ -231,7 +240,9 @@ class EngineRunner:
             "queue_depth": len(engine.scheduler.waiting),
             "running_requests": len(engine.scheduler.running),
             "free_slots": len(engine.scheduler.free_slots),
+            "slots": engine.config.max_num_seqs,
             "kv_cache_free_blocks": engine.cache.num_free_blocks,
+            "kv_cache_blocks": engine.cache.num_blocks,
             "acceptance_length": stats.acceptance_length,
             "verified_tokens_per_step": stats.verified_per_step,
             # The latest decided step's budget (settled steps verify every draft).

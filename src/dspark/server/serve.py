@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 
 import torch
@@ -11,7 +13,11 @@ from dspark.engine.config import EngineConfig
 from dspark.engine.engine import LLMEngine
 from dspark.models.loader import DEFAULT_MODEL, load_model
 from dspark.server.app import build_app
+from dspark.server.cli import DEFAULT_MAX_BODY_BYTES
+from dspark.server.prompts import PromptEncoder
 from dspark.server.runner import EngineRunner
+
+log = logging.getLogger("dspark.server")
 
 
 def create_app(
@@ -22,24 +28,23 @@ def create_app(
     dtype: torch.dtype = torch.float32,
     grace_seconds: float = 30.0,
     served_name: str | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> tuple[FastAPI, EngineRunner]:
+    """The app and its runner; ``api_key``: requests to /v1 need it as a bearer token."""
     loaded = load_model(model, dtype=dtype, device=device)
     engine = LLMEngine(loaded, config or EngineConfig())
     runner = EngineRunner(engine, max_pending)
-    tokenizer = loaded.tokenizer
-
-    def chat_template(messages: list[dict]) -> list[int]:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
+    encoder = PromptEncoder(loaded.tokenizer, engine.max_model_len)
     name = served_name or (DEFAULT_MODEL if model is None else loaded.path.name)
-    app = build_app(runner, name, chat_template, tokenizer.encode, grace_seconds)
+    app = build_app(runner, name, encoder, grace_seconds, api_key, max_body_bytes)
     return app, runner
 
 
 class GracefulServer:
     """uvicorn with a two-phase stop: refuse new requests and let those in flight finish
-    (up to ``grace_seconds``; the rest end with an error event saying why), then close."""
+    (up to ``grace_seconds``; the rest end with an error event saying why), then close.
+    A second SIGINT or SIGTERM exits at once."""
 
     def __init__(
         self,
@@ -52,14 +57,18 @@ class GracefulServer:
     ) -> None:
         import uvicorn
 
-        runner_ref = runner
+        outer = self
 
         class _Server(uvicorn.Server):
             def handle_exit(self, sig, frame) -> None:  # SIGINT / SIGTERM
-                threading.Thread(target=self_outer.stop, daemon=True).start()
+                if outer.is_stopping:
+                    log.warning("second signal %d: exiting without waiting", sig)
+                    os._exit(128 + sig)
+                outer.is_stopping = True
+                threading.Thread(target=outer.stop, daemon=True).start()
 
-        self_outer = self
-        self.runner = runner_ref
+        self.is_stopping = False
+        self.runner = runner
         self.grace_seconds = grace_seconds
         self.server = _Server(
             uvicorn.Config(
