@@ -8,7 +8,7 @@ cached keys and values through ``AttentionBatch`` (see ``dspark.engine.kv_cache`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -272,6 +272,12 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        # A tensor-parallel shard's attention and MLP outputs are partial sums over its
+        # heads and columns; this completes them in place (None: the whole model).
+        self.all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def _completed(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self.all_reduce is None else self.all_reduce(partial)
 
     def forward(
         self,
@@ -287,10 +293,12 @@ class LlamaModel(nn.Module):
         captured = []
         for index, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache[index]
-            hidden = hidden + layer.self_attn(
-                layer.input_layernorm(hidden), positions, self.rotary, batch, k_cache, v_cache
+            hidden = hidden + self._completed(
+                layer.self_attn(
+                    layer.input_layernorm(hidden), positions, self.rotary, batch, k_cache, v_cache
+                )
             )
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + self._completed(layer.mlp(layer.post_attention_layernorm(hidden)))
             if index in capture_layers:
                 captured.append(hidden)
         return self.norm(hidden), captured
