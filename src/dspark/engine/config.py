@@ -110,10 +110,9 @@ class EngineConfig:
             )
 
     def _check_tensor_parallel(self) -> None:
-        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-            raise ValueError(
-                f"tensor_parallel_size must be a whole number >= 1, got {self.tensor_parallel_size!r}"
-            )
+        size = self.tensor_parallel_size
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"tensor_parallel_size must be a whole number >= 1, got {size!r}")
         for name in ("tp_timeout_s", "tp_start_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive seconds, got {getattr(self, name)!r}")

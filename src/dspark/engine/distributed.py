@@ -144,7 +144,11 @@ class WorkerPool:
         self.digests: list[int] = []  # of every FORWARD payload sent, in order
         self.failure: TensorParallelError | None = None
         self._store = dist.TCPStore(
-            "127.0.0.1", 0, size, True, timeout=timedelta(seconds=start_timeout_s),
+            "127.0.0.1",
+            0,
+            size,
+            True,
+            timeout=timedelta(seconds=start_timeout_s),
             wait_for_workers=False,
         )
         handle, progress_path = tempfile.mkstemp(prefix="dspark-tp-progress-")
@@ -192,6 +196,8 @@ class WorkerPool:
                 kind, body = read_reply(worker.reply_fd, self.timeout_s)
             except (EOFError, TimeoutError, OSError) as error:
                 raise self.fail(error) from None
+            if kind is not ReplyKind.DIGESTS:
+                raise self.fail(RuntimeError(body.decode(errors="replace")))
             result[worker.rank] = np.frombuffer(body, dtype=np.uint64).tolist()
         return result
 

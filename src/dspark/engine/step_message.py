@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import struct
 from dataclasses import dataclass
 
@@ -62,7 +63,7 @@ class StepPlanMessage:
         num_reqs, num_tokens, num_blocks = (int(v) for v in values[:3])
         sizes = [num_tokens] + [num_reqs] * 6 + [num_blocks]
         ends = np.cumsum([3, *sizes])
-        fields = [values[a:b] for a, b in zip(ends[:-1], ends[1:], strict=True)]
+        fields = [values[a:b] for a, b in itertools.pairwise(ends)]
         tokens, cached, query, admitted, regions, spilled, counts, blocks = fields
         starts = np.concatenate(([0], np.cumsum(counts)))
         tables = [

@@ -171,7 +171,7 @@ def _read_weights(
     state: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as weights:
-            for name in weights.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+            for name in weights.keys():  # a safetensors handle: no iteration
                 cut = None if shard is None else shard.slice_of(name, config)
                 if cut is None:
                     state[name] = weights.get_tensor(name)

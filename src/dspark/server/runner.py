@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from dspark.engine.distributed import TensorParallelError
 from dspark.engine.engine import LLMEngine
 from dspark.engine.request import PromptTooLongError, Request
 from dspark.engine.sampling import SamplingParams
@@ -68,6 +69,7 @@ class EngineRunner:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._accepting = True
+        self.unavailable: str | None = None  # why the engine cannot serve (HTTP 503)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dspark-engine", daemon=True)
 
@@ -88,7 +90,7 @@ class EngineRunner:
             )
         with self._lock:
             if not self._accepting:
-                raise ShuttingDownError("the server is shutting down")
+                raise ShuttingDownError(self.unavailable or "the server is shutting down")
             if self._pending >= self.max_pending:
                 raise QueueFullError(
                     f"{self._pending} requests are already pending (the limit is "
@@ -115,6 +117,7 @@ class EngineRunner:
             time.sleep(0.05)
         self._commands.put(("stop",))
         self._thread.join(timeout=30)
+        self.engine.close()  # its tensor-parallel workers, if any
 
     @property
     def accepting(self) -> bool:
@@ -136,6 +139,13 @@ class EngineRunner:
                 continue
             try:
                 touched = self.engine.step()
+            except TensorParallelError as error:  # a rank is gone: no step can run again
+                log.error("the engine cannot serve: %s", error)
+                with self._lock:
+                    self._accepting = False
+                    self.unavailable = f"the engine cannot serve: {error}"
+                self._fail_all(self.unavailable)
+                continue
             except Exception as error:  # a bug must not take the server down
                 log.exception("engine step failed")
                 self._fail_all(f"internal engine error: {error!r}")

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from dspark.engine.config import EngineConfig
 from dspark.engine.engine import LLMEngine
+from dspark.engine.llm import rank0_shard
 from dspark.models.loader import DEFAULT_MODEL, load_model
 from dspark.server.app import build_app
 from dspark.server.runner import EngineRunner
@@ -23,8 +24,9 @@ def create_app(
     grace_seconds: float = 30.0,
     served_name: str | None = None,
 ) -> tuple[FastAPI, EngineRunner]:
-    loaded = load_model(model, dtype=dtype, device=device)
-    engine = LLMEngine(loaded, config or EngineConfig())
+    config = config or EngineConfig()
+    loaded = load_model(model, dtype=dtype, device=device, shard=rank0_shard(config))
+    engine = LLMEngine(loaded, config)
     runner = EngineRunner(engine, max_pending)
     tokenizer = loaded.tokenizer
 
