@@ -89,3 +89,17 @@ def test_profile_round_trip(tmp_path, tiny):
     bad.write_text("{}")
     with pytest.raises(ValueError, match="cannot read the engine profile"):
         EngineProfile.load(bad)
+
+
+@pytest.mark.slow
+def test_generate_with_two_ranks_prints_what_one_process_prints(smollm2):
+    """Adaptive verification, profiled at start-up (about a minute per rank count)."""
+
+    def generate(*extra: str) -> str:
+        command = [sys.executable, "-m", "dspark.cli", "generate", "--max-tokens", "32"]
+        command += ["--prompt", "Write a haiku about the sea.", "--spec", "adaptive", *extra]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout
+
+    assert generate("--tensor-parallel-size", "2") == generate()

@@ -60,7 +60,15 @@ class LLMEngine:
         runner_class = ModelRunner
         if config.tensor_parallel_size > 1:
             from dspark.engine.tp_runner import ParallelModelRunner as runner_class
-        self.runner = runner = runner_class(loaded, config, self.max_model_len)
+        self.runner = runner_class(loaded, config, self.max_model_len)
+        try:
+            self._set_up(drafter, cost_model)
+        except BaseException:
+            self.runner.close()  # tensor-parallel workers must not outlive a failed start
+            raise
+
+    def _set_up(self, drafter: Drafter | None, cost_model: StepCostModel | None) -> None:
+        config, runner = self.config, self.runner
         self.device, self.dtype = runner.device, runner.dtype
         self.cache, self.graphs = runner.cache, runner.graphs
         self.scheduler = Scheduler(
@@ -103,7 +111,7 @@ class LLMEngine:
         self._runners = [r for r in runners if r is not None]
         for graph_runner in self._runners:
             graph_runner.ledger.budget = config.graph_padding_budget
-        self.stop_ids = loaded.stop_token_ids
+        self.stop_ids = self.loaded.stop_token_ids
         self.policy: AdaptivePolicy | None = None
         self.upkeep: DeferredUpkeep | None = None
         if config.spec is SpecMode.ADAPTIVE:
