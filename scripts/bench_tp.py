@@ -73,11 +73,11 @@ def run_engines(args) -> dict:
                     "spec": spec,
                     "concurrency": concurrency,
                     "tok_s": tokens / seconds,
-                    "step_ms": statistics.median(s.wall_ms for s in stats.step_log[steps_before:]),
+                    "step_ms": statistics.median(s.wall_ms for s in list(stats.step_log)[steps_before:]),
                     "output_digest": hash(tuple(tuple(o.token_ids) for o in outputs)),
                 }
-                if stats.drafter_ms[drafter_before:]:
-                    row["drafter_ms"] = statistics.median(stats.drafter_ms[drafter_before:])
+                if list(stats.drafter_ms)[drafter_before:]:
+                    row["drafter_ms"] = statistics.median(list(stats.drafter_ms)[drafter_before:])
                 if hasattr(runner, "plan_ms"):
                     row["plan_ms"] = runner.plan_ms[plans_before:]
                     row["plan_bytes"] = runner.plan_bytes[plans_before:]
