@@ -73,7 +73,9 @@ def run_engines(args) -> dict:
                     "spec": spec,
                     "concurrency": concurrency,
                     "tok_s": tokens / seconds,
-                    "step_ms": statistics.median(s.wall_ms for s in list(stats.step_log)[steps_before:]),
+                    "step_ms": statistics.median(
+                        s.wall_ms for s in list(stats.step_log)[steps_before:]
+                    ),
                     "output_digest": hash(tuple(tuple(o.token_ids) for o in outputs)),
                 }
                 if list(stats.drafter_ms)[drafter_before:]:
