@@ -26,3 +26,22 @@ def test_packaged_sharegpt_parses_about_seventeen_thousand_exchanges():
     pairs = sharegpt_conversations()
     assert 17_000 < len(pairs) < 17_700
     assert all(p.prompt.strip() and p.response.strip() for p in pairs[:100])
+
+
+def test_parser_keeps_every_later_user_turn():
+    text = json.dumps(
+        [
+            record(
+                ("gpt", "preamble"),
+                ("human", "first"),
+                ("gpt", "a1"),
+                ("human", " "),  # empty: left out
+                ("gpt", "a2"),
+                ("human", "second"),
+                ("gpt", "a3"),
+                ("human", "third, unanswered"),
+            )
+        ]
+    )
+    (pair,) = parse_sharegpt(text)
+    assert pair.user_turns == ("first", "second", "third, unanswered")

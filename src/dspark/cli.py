@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "bench-engine": ("dspark.bench.engine", "time the reference engine (and transformers)"),
     "serve": ("dspark.server.cli", "an OpenAI-compatible HTTP server over the engine"),
     "bench-serve": ("dspark.bench.load", "load-test the server with streaming clients"),
+    "distill": ("dspark.train.distill", "distillation data: the target answers chat turns"),
     "train-drafter": ("dspark.train.cli", "train a DSpark drafter by self-distillation"),
     "calibrate": ("dspark.train.calibrate_cli", "fit per-position confidence temperatures"),
     "eval-drafter": ("dspark.train.evaluate", "acceptance of drafters on held-out prompts"),

@@ -12,6 +12,8 @@ from functools import lru_cache
 class Conversation:
     prompt: str  # the first user turn
     response: str  # the first assistant turn
+    # every user turn from the first exchange on, the first included
+    user_turns: tuple[str, ...] = ()
 
 
 def _require(module: str, package: str):
@@ -56,12 +58,18 @@ def parse_sharegpt(text: str) -> tuple[Conversation, ...]:
 
 
 def _first_exchange(turns: list[dict]) -> Conversation | None:
-    """The first user turn with text and the assistant turn right after it."""
-    for user, assistant in itertools.pairwise(turns):
+    """The first user turn with text and the assistant turn right after it, with the user
+    turns that follow (empty ones left out)."""
+    for index, (user, assistant) in enumerate(itertools.pairwise(turns)):
         if user.get("from") == "human" and assistant.get("from") == "gpt":
             prompt, response = user.get("value", ""), assistant.get("value", "")
             if prompt.strip() and response.strip():
-                return Conversation(prompt, response)
+                later = tuple(
+                    t.get("value", "")
+                    for t in turns[index + 1 :]
+                    if t.get("from") == "human" and t.get("value", "").strip()
+                )
+                return Conversation(prompt, response, (prompt, *later))
     return None
 
 

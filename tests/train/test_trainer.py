@@ -13,11 +13,14 @@ from dspark.engine.sampling import SamplingParams
 from dspark.train.data import DistillSet, generate_greedy
 from dspark.train.trainer import (
     Batch,
+    TrainConfig,
     chain_rounds,
     draft_loss,
     forward_loss,
     init_drafter,
+    load_checkpoint,
     sample_batch,
+    train,
 )
 from tests.conftest import make_tiny_model
 from tests.models.test_drafter import random_drafter
@@ -58,6 +61,18 @@ def test_loss_by_hand():
     expected = 0.1 * -np.log(p0[0]) + 0.9 * l1 - (a0 * np.log(c0) + (1 - a0) * np.log(1 - c0))
     assert np.isclose(float(masked), expected, rtol=1e-5)
     assert set(parts) == {"ce", "l1", "bce", "loss"}
+
+
+def test_kl_loss_by_hand():
+    logits = torch.tensor([[[2.0, 0.0, -1.0]]])  # [1 anchor, K=1, V=3]
+    target = torch.tensor([[[0.5, 1.0, 0.0]]])
+    labels, valid = torch.tensor([[1]]), torch.tensor([[True]])
+    loss, parts = draft_loss(logits, None, target, labels, valid, kind="kl")
+    p = np.exp([2.0, 0.0, -1.0]) / np.exp([2.0, 0.0, -1.0]).sum()
+    q = np.exp([0.5, 1.0, 0.0]) / np.exp([0.5, 1.0, 0.0]).sum()
+    kl = float((q * np.log(q / p)).sum())
+    assert np.isclose(parts["kl"], kl, rtol=1e-5)
+    assert np.isclose(float(loss), 0.1 * -np.log(p[1]) + 0.9 * kl, rtol=1e-5)
 
 
 def fit_tiny(target, drafter, prompts, steps, seed=0):
@@ -124,3 +139,58 @@ def test_batch_anchors_lie_in_the_answer():
     anchors = batch.anchors.numpy()
     assert anchors[0].min() >= 4 and anchors[0].max() <= 7
     assert anchors[1].min() >= 2 and anchors[1].max() <= 3
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 256, 5).tolist() for _ in range(6)]
+    data = DistillSet.build(prompts, generate_greedy(target.model, prompts, 20, [], 6))
+    config = TrainConfig(
+        steps=8,
+        batch_size=3,
+        anchors=4,
+        max_length=32,
+        warmup=3,
+        eval_every=4,
+        eval_sequences=3,
+        seed=1,
+    )
+
+    def fresh():
+        drafter = random_drafter(target, block_size=3)
+        init_drafter(drafter, 0)
+        return drafter
+
+    whole = fresh()
+    expected = train(target.model, whole, data, data, config, progress=False)
+    stopped = fresh()
+    train(
+        target.model,
+        stopped,
+        data,
+        data,
+        config,
+        progress=False,
+        checkpoint_dir=tmp_path / "ck",
+        stop_after=3,
+    )
+    state = load_checkpoint(tmp_path / "ck")
+    assert state["step"] == 3
+    resumed = fresh()  # a new process: nothing but the checkpoint carries over
+    history = train(
+        target.model,
+        resumed,
+        data,
+        data,
+        config,
+        progress=False,
+        checkpoint_dir=tmp_path / "ck",
+        resume=state,
+    )
+    assert [h["loss"] for h in history] == [h["loss"] for h in expected]
+    assert [h["tokens"] for h in history] == [h["tokens"] for h in expected]
+    assert history[-1]["eval"] == expected[-1]["eval"]
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert load_checkpoint(tmp_path / "ck")["step"] == 8

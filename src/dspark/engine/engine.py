@@ -554,7 +554,7 @@ class LLMEngine:
         reason = None
         for token in new_tokens:
             if token in self.stop_ids and not params.ignore_eos:
-                reason = FinishReason.STOP
+                request.stop_token, reason = token, FinishReason.STOP
                 break
             request.output_ids.append(token)
             self.stats.num_generated += 1

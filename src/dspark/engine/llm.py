@@ -58,9 +58,13 @@ class RequestOutput:
 
 def chat_ids(tokenizer, message: str) -> list[int]:
     """Token ids of one user message under the tokenizer's chat template."""
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True
-    )
+    return conversation_ids(tokenizer, [{"role": "user", "content": message}])
+
+
+def conversation_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation (role/content dicts) under the tokenizer's chat
+    template, ending with the prompt for the assistant's next turn."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return list(ids)

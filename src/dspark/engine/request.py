@@ -37,6 +37,7 @@ class Request:
     generator: torch.Generator | None = None
     text: str = ""  # the decoded output, set when the request finishes
     stop_at: int | None = None  # where a stop string cut the text
+    stop_token: int | None = None  # the EOS id that ended it (not in output_ids)
     first_token_time: float | None = None
     finish_time: float | None = None
     num_rounds: int = 0  # decode steps that verified this request

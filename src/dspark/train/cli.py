@@ -1,11 +1,15 @@
-"""``dspark train-drafter``: self-distillation data and a trained DSpark drafter.
+"""``dspark train-drafter``: a DSpark drafter trained by self-distillation.
 
-Without --data it first has the target answer ShareGPT prompts greedily (training split,
-plus held-out calibration and evaluation splits; see ``dspark.datasets.sharegpt_split``)
-and saves them under OUT/data/. Then it trains, evaluating the held-out greedy acceptance
-length every --eval-every steps, and writes OUT/drafter.safetensors, OUT/drafter.json and
-OUT/history.json. --no-heads trains the DFlash ablation (same backbone, no Markov or
-confidence head).
+--data DIR reuses the splits found there (``train.npz`` from ``dspark distill``, and the
+held-out ``calib.npz`` and ``eval.npz``); a missing split is generated first (the target
+answers ShareGPT first turns greedily; see ``dspark.datasets.sharegpt_split``) and saved
+there (default OUT/data/). Then it trains, evaluating the held-out greedy acceptance length
+every --eval-every steps, and writes OUT/drafter.safetensors, OUT/drafter.json,
+OUT/history.json and OUT/training.png (τ against tokens seen). The training state is
+saved under OUT/checkpoint/ every --checkpoint-every steps and when it stops;
+``dspark train-drafter --resume OUT`` continues exactly where it stopped (the settings
+come from the checkpoint; --max-minutes may be given anew). --no-heads trains the DFlash
+ablation (same backbone, no Markov or confidence head).
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ from dspark.figures import save_figure
 from dspark.models.drafter import DrafterConfig, DraftModel, count_parameters, save_drafter
 from dspark.models.loader import load_model, resolve_dtype
 from dspark.train.data import DistillSet, generate_greedy, load_prompts, sharegpt_prompts
-from dspark.train.trainer import TrainConfig, config_dict, init_drafter, train
+from dspark.train.trainer import TrainConfig, config_dict, init_drafter, load_checkpoint, train
 
 SPLIT_FILES = {"train": "train.npz", "calib": "calib.npz", "eval": "eval.npz"}
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="directory for the drafter and its data")
+    parser.add_argument("--out", default=None, help="directory for the drafter and its data")
+    parser.add_argument(
+        "--resume", default=None, metavar="OUT", help="continue the run that writes to OUT"
+    )
     parser.add_argument("--model", default=None, help="target (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
@@ -63,7 +70,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--lr", type=float, default=defaults.lr)
     opt.add_argument("--warmup", type=int, default=defaults.warmup)
     opt.add_argument("--eval-every", type=int, default=defaults.eval_every)
-    opt.add_argument("--max-minutes", type=float, default=None)
+    opt.add_argument("--max-minutes", type=float, default=None, help="this run's limit")
+    opt.add_argument("--checkpoint-every", type=int, default=500, help="steps")
+    opt.add_argument(
+        "--loss", choices=["tv", "kl"], default=defaults.loss, help="the distribution term"
+    )
     opt.add_argument("--seed", type=int, default=0)
 
 
@@ -108,7 +119,8 @@ def plot_history(
     path: Path,
     tau_label: str = "held-out greedy τ (engine rounds)",
 ) -> None:
-    """Training loss and held-out greedy τ against steps, one line per run."""
+    """Training loss against steps and held-out greedy τ against tokens seen, one line
+    per run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,12 +136,12 @@ def plot_history(
             for i in range(len(losses))
         ]
         left.plot(steps, smooth, label=name)
-        evals = [(h["step"], h["eval"]["tau"]) for h in history if "eval" in h]
+        evals = [(h.get("tokens", 0) / 1e6, h["eval"]["tau"]) for h in history if "eval" in h]
         if evals:
             right.plot(*zip(*evals, strict=True), marker="o", label=name)
     left.set_xlabel("step")
     left.set_ylabel("training loss (moving average)")
-    right.set_xlabel("step")
+    right.set_xlabel("training tokens seen (millions)")
     right.set_ylabel(tau_label)
     for ax in (left, right):
         ax.grid(alpha=0.3)
@@ -139,7 +151,26 @@ def plot_history(
     plt.close(fig)
 
 
+ARGS_FILE = "args.json"
+
+
+def resumed_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The settings of the run ``--resume`` names, with this call's --max-minutes."""
+    saved = Path(args.resume) / "checkpoint" / ARGS_FILE
+    if not saved.is_file():
+        raise SystemExit(f"no training state under {args.resume} (looked for {saved})")
+    merged = argparse.Namespace(**json.loads(saved.read_text()))
+    merged.out, merged.resume, merged.handler = args.resume, args.resume, args.handler
+    if args.max_minutes is not None:
+        merged.max_minutes = args.max_minutes
+    return merged
+
+
 def main(args: argparse.Namespace) -> None:
+    if args.resume:
+        args = resumed_args(args)
+    elif args.out is None:
+        raise SystemExit("give --out DIR (or --resume DIR)")
     out = Path(args.out)
     dtype = resolve_dtype(args.dtype, args.device)
     loaded = load_model(args.model, dtype=dtype, device=args.device)
@@ -173,16 +204,34 @@ def main(args: argparse.Namespace) -> None:
         eval_every=args.eval_every,
         seed=args.seed,
         max_minutes=args.max_minutes,
+        loss=args.loss,
     )
+    checkpoints = out / "checkpoint"
+    state = load_checkpoint(checkpoints) if args.resume else None
+    if args.resume and state is None:
+        raise SystemExit(f"no training state under {checkpoints}")
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    saved = {k: v for k, v in vars(args).items() if k not in ("handler", "resume")}
+    (checkpoints / ARGS_FILE).write_text(json.dumps(saved))
     start = time.perf_counter()
-    history = train(loaded.model, drafter, sets["train"], sets["eval"], config)
-    minutes = (time.perf_counter() - start) / 60
+    history = train(
+        loaded.model,
+        drafter,
+        sets["train"],
+        sets["eval"],
+        config,
+        checkpoint_dir=checkpoints,
+        checkpoint_every=args.checkpoint_every,
+        resume=state,
+    )
+    minutes = (time.perf_counter() - start) / 60 + (state or {}).get("minutes", 0.0)
     evals = [h["eval"] for h in history if "eval" in h]
     metadata = {
         "kind": "dflash-ablation" if args.no_heads else "dspark",
         "target": str(loaded.path.name),
         "train": config_dict(config),
         "steps_done": len(history),
+        "tokens_seen": history[-1]["tokens"] if history else 0,
         "train_minutes": round(minutes, 2),
         "device": str(torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"),
         "data": {

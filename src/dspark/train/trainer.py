@@ -11,6 +11,13 @@ exists), weighted by exp(-(k-1)/4):
 
 The last term's target, the probability that rejection sampling accepts the draft, is
 detached. The DFlash ablation (no Markov or confidence head) drops the BCE term.
+``TrainConfig.loss = "kl"`` puts the target's forward KL, KL(p_target || p_draft), in
+place of the L1 term (its gradient does not fade where the draft is far off).
+
+Training resumes exactly: every ``checkpoint_every`` steps (and when it stops) ``train``
+writes ``state.pt`` under ``checkpoint_dir`` with the drafter, the optimiser, the
+schedule, the step, the data sampler's and torch's RNG states and the history; pass its
+``load_checkpoint`` to ``train(resume=...)`` and the run goes on as if never stopped.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,15 +51,18 @@ class TrainConfig:
     eval_every: int = 250
     eval_sequences: int = 256
     seed: int = 0
-    max_minutes: float | None = None  # stop early (and say so) after this long
+    max_minutes: float | None = None  # stop early (and say so) after this long, per run
+    loss: str = "tv"  # "tv": the L1 (total variation) term; "kl": forward KL instead
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "anchors", "max_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.loss not in ("tv", "kl"):
+            raise ValueError(f"loss must be 'tv' or 'kl', got {self.loss!r}")
 
 
-LOSS_WEIGHTS = {"ce": 0.1, "l1": 0.9, "bce": 1.0}
+LOSS_WEIGHTS = {"ce": 0.1, "match": 0.9, "bce": 1.0}  # "match": the L1 or KL term
 POSITION_DECAY = 4.0
 
 
@@ -65,17 +76,24 @@ def draft_loss(
     target_logits: torch.Tensor,  # [..., K, V]
     labels: torch.Tensor,  # [..., K]
     valid: torch.Tensor,  # [..., K] bool: the label exists
+    kind: str = "tv",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The DSpark loss (module docstring) and its parts."""
     log_draft = torch.log_softmax(logits, dim=-1)
     draft = log_draft.exp()
-    target = torch.softmax(target_logits.float(), dim=-1)
+    log_target = torch.log_softmax(target_logits.float(), dim=-1)
+    target = log_target.exp()
     ce = -log_draft.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     l1 = (draft - target).abs().sum(-1)
     weights = position_weights(logits.shape[-2], logits.device) * valid
     total = weights.sum().clamp_min(1e-9)
-    loss = LOSS_WEIGHTS["ce"] * ce + LOSS_WEIGHTS["l1"] * l1
     terms = {"ce": ce, "l1": l1}
+    if kind == "kl":
+        kl = (target * (log_target - log_draft)).sum(-1)
+        loss = LOSS_WEIGHTS["ce"] * ce + LOSS_WEIGHTS["match"] * kl
+        terms["kl"] = kl
+    else:
+        loss = LOSS_WEIGHTS["ce"] * ce + LOSS_WEIGHTS["match"] * l1
     if confidence_logits is not None:
         acceptance = (1.0 - 0.5 * l1).detach().clamp(0.0, 1.0)
         bce = F.binary_cross_entropy_with_logits(
@@ -144,7 +162,9 @@ def block_targets(batch: Batch, k: int):
     return flat(where), flat(where + 1), valid, where.clamp_max(width - 1)
 
 
-def forward_loss(target: LlamaModel, drafter: DraftModel, batch: Batch, autocast: bool):
+def forward_loss(
+    target: LlamaModel, drafter: DraftModel, batch: Batch, autocast: bool, kind: str = "tv"
+):
     k = drafter.config.block_size
     features, target_hidden = teacher(target, drafter, batch)
     previous, labels, valid, where = block_targets(batch, k)
@@ -156,7 +176,7 @@ def forward_loss(target: LlamaModel, drafter: DraftModel, batch: Batch, autocast
     with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=autocast):
         hidden = drafter.forward_train(features, batch.ids, batch.anchors)
         logits, confidence = drafter.heads(hidden, previous)
-    return draft_loss(logits, confidence, target_logits, labels, valid)
+    return draft_loss(logits, confidence, target_logits, labels, valid, kind)
 
 
 @torch.no_grad()
@@ -261,6 +281,25 @@ def init_drafter(drafter: DraftModel, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
 
 
+CHECKPOINT_FILE = "state.pt"
+
+
+def load_checkpoint(directory) -> dict | None:
+    """The training state ``train`` left in ``directory``, or None when there is none."""
+    path = Path(directory) / CHECKPOINT_FILE
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _save_checkpoint(directory, state: dict) -> None:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / (CHECKPOINT_FILE + ".partial")
+    torch.save(state, partial)
+    partial.replace(directory / CHECKPOINT_FILE)  # a kill mid-write keeps the last one
+
+
 def train(
     target: LlamaModel,
     drafter: DraftModel,
@@ -269,8 +308,15 @@ def train(
     config: TrainConfig,
     progress: bool = True,
     on_eval=None,
+    *,
+    checkpoint_dir=None,
+    checkpoint_every: int = 500,
+    resume: dict | None = None,
+    stop_after: int | None = None,
 ) -> list[dict]:
-    """Train ``drafter`` in place; returns the history (loss parts, evals)."""
+    """Train ``drafter`` in place; returns the history (loss parts, evals, tokens seen).
+    ``resume``: a ``load_checkpoint`` state to continue from (same config and data).
+    ``stop_after``: end this run after that many steps, as an interruption would."""
     if len(train_data) == 0:
         raise ValueError("no training sequences")
     device = next(target.parameters()).device
@@ -297,20 +343,60 @@ def train(
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     rng = np.random.default_rng(config.seed)
-    autocast = device.type == "cuda"
     history: list[dict] = []
+    first, tokens_seen, earlier_minutes = 0, 0, 0.0
+    if resume is not None:
+
+        def settings(c: dict) -> dict:
+            return {k: v for k, v in c.items() if k != "max_minutes"}  # a per-run limit
+
+        if settings(resume["config"]) != settings(config_dict(config)):
+            raise ValueError("the checkpoint was trained with another TrainConfig")
+        missing, unexpected = drafter.load_state_dict(resume["drafter"], strict=False)
+        if unexpected or any("rotary" not in k for k in missing):
+            raise ValueError(f"the checkpoint does not fit this drafter: {missing or unexpected}")
+        optimizer.load_state_dict(resume["optimizer"])
+        scheduler.load_state_dict(resume["scheduler"])
+        rng.bit_generator.state = resume["numpy_rng"]
+        torch.set_rng_state(resume["torch_rng"])
+        if resume.get("cuda_rng") is not None and device.type == "cuda":
+            torch.cuda.set_rng_state(resume["cuda_rng"], device)
+        history, first, tokens_seen = list(resume["history"]), resume["step"], resume["tokens"]
+        earlier_minutes = resume.get("minutes", 0.0)
+
+    def checkpoint(step: int) -> None:
+        if checkpoint_dir is None:
+            return
+        state = {
+            "step": step,
+            "tokens": tokens_seen,
+            "config": config_dict(config),
+            "drafter": {k: v for k, v in drafter.state_dict().items() if "rotary" not in k},
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "numpy_rng": rng.bit_generator.state,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            "history": history,
+            "minutes": earlier_minutes + (time.perf_counter() - start) / 60,
+        }
+        _save_checkpoint(checkpoint_dir, state)
+
+    autocast = device.type == "cuda"
     start = time.perf_counter()
-    bar = tqdm(range(config.steps), desc="train", disable=not progress)
+    last_step = config.steps if stop_after is None else min(config.steps, first + stop_after)
+    bar = tqdm(range(first, last_step), desc="train", disable=not progress)
     for step in bar:
         rows = rng.integers(0, len(train_data), size=config.batch_size)
         batch = sample_batch(train_data, rows, config.anchors, config.max_length, rng, device)
-        loss, parts = forward_loss(target, drafter, batch, autocast)
+        tokens_seen += int(sum(min(len(train_data.sequences[i]), config.max_length) for i in rows))
+        loss, parts = forward_loss(target, drafter, batch, autocast, config.loss)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
         optimizer.step()
         scheduler.step()
-        record = {"step": step + 1, **parts, "grad_norm": float(grad_norm)}
+        record = {"step": step + 1, **parts, "grad_norm": float(grad_norm), "tokens": tokens_seen}
         record["lr"] = scheduler.get_last_lr()[0]
         history.append(record)
         bar.set_postfix(loss=f"{parts['loss']:.3f}")
@@ -331,13 +417,15 @@ def train(
             )
             summary = acceptance_summary(accepted, drafter.config.block_size)
             record["eval"] = summary
-            record["minutes"] = round(minutes, 2)
+            record["minutes"] = round(earlier_minutes + minutes, 2)
             bar.write(
                 f"step {step + 1}: loss {parts['loss']:.3f}, held-out greedy tau (engine rounds) "
                 f"{summary['tau']:.2f}, per-position {summary['conditional_acceptance']}"
             )
             if on_eval is not None:
                 on_eval(record)
+        if (step + 1) % checkpoint_every == 0 or last or out_of_time or step + 1 == last_step:
+            checkpoint(step + 1)
         if out_of_time:
             bar.write(f"stopping after {minutes:.1f} min (--max-minutes), step {step + 1}")
             record["stopped_early"] = True
