@@ -212,6 +212,13 @@ class WorkerPool:
                 raise self.fail(error) from None
         return digest(payload) if kind is MessageKind.FORWARD else 0
 
+    def check_alive(self) -> None:
+        """Raise the diagnosis if a worker has exited: an idle engine runs no collective
+        that would notice."""
+        self._check()
+        if any(worker.process.poll() is not None for worker in self.workers):
+            raise self.fail(RuntimeError("a worker exited"))
+
     def _check(self) -> None:
         if self.failure is not None:
             raise self.failure

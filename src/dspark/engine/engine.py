@@ -589,6 +589,12 @@ class LLMEngine:
         forward so far, in order (rank 0: those it sent; empty for one process)."""
         return self.runner.plan_digests()
 
+    def check_workers(self) -> None:
+        """Raise ``TensorParallelError`` (naming the rank) if a tensor-parallel worker has
+        exited since the last step; a no-op for one process. An idle engine learns of a
+        dead worker only this way."""
+        self.runner.check_workers()
+
     def close(self) -> None:
         """Stop the engine's worker processes (tensor parallelism); idempotent."""
         self.runner.close()

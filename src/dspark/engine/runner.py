@@ -97,6 +97,10 @@ class ModelRunner:
         """Per tensor-parallel rank, the digests of the plans it ran (none: one process)."""
         return {}
 
+    def check_workers(self) -> None:
+        """Raise ``TensorParallelError`` if a tensor-parallel worker has exited (one
+        process has none)."""
+
     def close(self) -> None:
         """Free what outlives the runner's objects (a tensor-parallel runner's workers)."""
 

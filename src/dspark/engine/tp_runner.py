@@ -94,6 +94,9 @@ class ParallelModelRunner(ModelRunner):
     def plan_digests(self) -> dict[int, list[int]]:
         return self.pool.plan_digests()
 
+    def check_workers(self) -> None:
+        self.pool.check_alive()
+
     def close(self) -> None:
         self.pool.close()
         torch.set_num_threads(self.host_threads)

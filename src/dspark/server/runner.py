@@ -4,7 +4,9 @@ HTTP handlers never touch the engine: they ``submit`` a request and read events
 (text deltas, then a final event with the finish reason and usage) from an
 ``asyncio.Queue``; ``abort`` cancels one (a client that disconnected). The thread steps
 the engine while there is work and sleeps on the command queue otherwise. An exception
-inside a step fails the requests in flight with an error event; the loop carries on.
+inside a step fails the requests in flight with an error event; the loop carries on,
+unless a tensor-parallel rank died or stalled (seen at a step, or between steps): then
+the server answers 503 from then on.
 """
 
 from __future__ import annotations
@@ -136,15 +138,12 @@ class EngineRunner:
             self._drain_commands(block=not self.engine.has_unfinished())
             if self._stopped.is_set() or not self.engine.has_unfinished():
                 self._update_gauges()  # aborts and rejections change them without a step
+                self._check_workers()
                 continue
             try:
                 touched = self.engine.step()
             except TensorParallelError as error:  # a rank is gone: no step can run again
-                log.error("the engine cannot serve: %s", error)
-                with self._lock:
-                    self._accepting = False
-                    self.unavailable = f"the engine cannot serve: {error}"
-                self._fail_all(self.unavailable)
+                self._cannot_serve(error)
                 continue
             except Exception as error:  # a bug must not take the server down
                 log.exception("engine step failed")
@@ -153,6 +152,23 @@ class EngineRunner:
             for request in touched:
                 self._publish(request)
             self._update_gauges()
+
+    def _check_workers(self) -> None:
+        """An idle engine's dead worker turns the server unavailable before any request
+        is sent to it."""
+        if self.unavailable is None:
+            try:
+                self.engine.check_workers()
+            except TensorParallelError as error:
+                self._cannot_serve(error)
+
+    def _cannot_serve(self, error: TensorParallelError) -> None:
+        """From now on: 503 for new requests and /health; those in flight end with why."""
+        log.error("the engine cannot serve: %s", error)
+        with self._lock:
+            self._accepting = False
+            self.unavailable = f"the engine cannot serve: {error}"
+        self._fail_all(self.unavailable)
 
     def _drain_commands(self, block: bool) -> None:
         while True:
