@@ -105,7 +105,36 @@ def test_greedy_with_two_ranks_equals_one_process_and_every_rank_ran_every_plan(
     assert len(set(digests[0])) == len(digests[0])  # every step's plan differs
 
 
-def test_greedy_adaptive_on_smollm2_with_two_ranks_equals_one_process(smollm2):
+def test_engines_sharing_one_loaded_shard_run_side_by_side(tmp_path):
+    """As ``dspark bench`` keeps an engine per setting: each completes its partial sums
+    with its own workers, and closing them in any order gives back the thread count."""
+    target = make_tiny_model(tmp_path / "t", **UNEVEN)
+    prompts = repetitive_prompts(3, seed=4)
+    specs = ("none", "fixed")
+    expected = [generate(target, prompts, spec=spec, num_drafts=3)[0] for spec in specs]
+    threads = torch.get_num_threads()
+    shard = rank0(target)
+    engines = [
+        LLMEngine(shard, engine_config(spec=spec, num_drafts=3, tensor_parallel_size=TP))
+        for spec in specs
+    ]
+    requests = [[engine.add_request(p, GREEDY) for p in prompts] for engine in engines]
+    while any(engine.has_unfinished() for engine in engines):
+        for engine in engines:
+            if engine.has_unfinished():
+                engine.step()
+    for engine in engines:
+        engine.close()
+    assert [[r.output_ids for r in rs] for rs in requests] == expected
+    assert torch.get_num_threads() == threads
+
+
+@pytest.mark.parametrize(
+    "spec",
+    # Adaptive drafts, verifies and decodes plainly; the others repeat that on SmolLM2.
+    [*(pytest.param(s, marks=pytest.mark.slow) for s in ("none", "fixed")), "adaptive"],
+)
+def test_greedy_on_smollm2_with_two_ranks_equals_one_process(smollm2, spec):
     from dspark.engine.llm import LLM
 
     prompts = [
@@ -114,7 +143,7 @@ def test_greedy_adaptive_on_smollm2_with_two_ranks_equals_one_process(smollm2):
     ]
     ids = [smollm2.tokenizer.encode(p) for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    config = dict(spec="adaptive", num_drafts=4, drafter="dspark", throughput_gate=False)
+    config = dict(spec=spec, num_drafts=4, drafter="dspark", throughput_gate=False)
     config |= dict(max_num_seqs=8, kv_cache_tokens=4096)
     expected, _, _ = generate(smollm2, ids, params, cost_model=RandomCost(9), **config)
     config = engine_config(**config)
@@ -122,7 +151,7 @@ def test_greedy_adaptive_on_smollm2_with_two_ranks_equals_one_process(smollm2):
         outputs = llm.generate(ids, params)
         stats = llm.engine.stats
     assert [o.token_ids for o in outputs] == expected
-    assert stats.num_verified > stats.num_decode_rounds
+    assert (stats.num_verified > stats.num_decode_rounds) == (spec != "none")
 
 
 def saved(loaded, path):

@@ -4,6 +4,7 @@ forward per step (replayed as a CUDA graph where its shape is captured)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -59,6 +60,8 @@ class ModelRunner:
             )
             self.graphs.ledger.budget = config.graph_padding_budget
         self.capture_layers: tuple[int, ...] = ()  # target layers a drafter reads
+        # Completes a tensor-parallel shard's partial sums (None: the whole model).
+        self.all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.graph_tokens = 0  # tokens of the shape the latest forward replayed (0: eager)
 
     def forward(
@@ -91,6 +94,7 @@ class ModelRunner:
             batch,
             self.cache.layers,
             capture_layers=self.capture_layers,
+            all_reduce=self.all_reduce,
         )
 
     def plan_digests(self) -> dict[int, list[int]]:

@@ -48,7 +48,8 @@ class ParallelModelRunner(ModelRunner):
         param = next(loaded.model.parameters())
         self.host_threads = torch.get_num_threads()
         threads = rank_threads(size)
-        if param.device.type == "cpu":
+        self.threads = threads if param.device.type == "cpu" else None
+        if self.threads is not None:
             torch.set_num_threads(threads)  # rank 0 takes its share too (restored on close)
         spec = {
             "model": str(loaded.path),
@@ -71,7 +72,7 @@ class ParallelModelRunner(ModelRunner):
         except BaseException:
             self.close()
             raise
-        self.model.all_reduce = self.pool.all_reduce
+        self.all_reduce = self.pool.all_reduce
         self.plan_ms: list[float] = []  # host ms per forward to encode and send the plan
         self.plan_bytes: list[int] = []
 
@@ -99,4 +100,6 @@ class ParallelModelRunner(ModelRunner):
 
     def close(self) -> None:
         self.pool.close()
-        torch.set_num_threads(self.host_threads)
+        # Engines alive side by side close in any order: the last to set the count restores it.
+        if torch.get_num_threads() == self.threads:
+            torch.set_num_threads(self.host_threads)

@@ -71,7 +71,7 @@ def serve(spec: dict) -> None:
     store = dist.TCPStore("127.0.0.1", spec["port"], size, False, timeout=timeout)
     reply(spec["reply_fd"], ReplyKind.READY)
     group = open_group(store, rank, size, spec["timeout_s"], device)
-    model.all_reduce = Collectives(group, progress, rank).all_reduce
+    runner.all_reduce = Collectives(group, progress, rank).all_reduce
     digests: list[int] = []
     with torch.inference_mode():
         while True:

@@ -4,10 +4,11 @@ Each rank holds a contiguous run of key/value heads (with the query heads that s
 them) and a contiguous run of the MLP's intermediate columns: q, k, v, gate and up are
 split by output rows (column-parallel), o and down by input columns (row-parallel), so
 each layer's attention and MLP outputs are partial sums that one all-reduce completes
-(``LlamaModel.all_reduce``). The embedding, the norms and the LM head are whole on every
-rank. Heads that do not divide evenly go one extra to the first ranks (SmolLM2's 3
-key/value heads over 2 ranks: 2 and 1), so no model needs a head count divisible by the
-rank count, only at least one key/value head per rank.
+(the ``all_reduce`` a runner passes ``LlamaModel.forward``). The embedding, the norms
+and the LM head are whole on every rank. Heads that do not divide evenly go one extra
+to the first ranks (SmolLM2's 3 key/value heads over 2 ranks: 2 and 1), so no model
+needs a head count divisible by the rank count, only at least one key/value head per
+rank.
 """
 
 from __future__ import annotations
