@@ -2,10 +2,12 @@
 the same plan on every rank, sampling still exact, and failures that surface in bounded
 time with no process left behind."""
 
+import glob
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -241,8 +243,13 @@ sys.stdin.read()
 """
 
 
+def progress_files() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "dspark-tp-progress-*")))
+
+
 def test_workers_exit_when_the_engine_process_is_killed(tmp_path):
     target = make_tiny_model(tmp_path / "t")
+    files = progress_files()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     parent = subprocess.Popen(
         [sys.executable, "-c", WORKER_OF_A_KILLED_ENGINE, str(target.path)],
@@ -263,6 +270,7 @@ def test_workers_exit_when_the_engine_process_is_killed(tmp_path):
         while is_running(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not is_running(worker)
+        assert progress_files() == files
     finally:
         parent.kill()
 

@@ -173,6 +173,9 @@ class WorkerPool:
                 raise self.fail(error, starting=True) from None
             if kind is not ReplyKind.READY:
                 raise self.fail(RuntimeError(body.decode(errors="replace")), starting=True)
+        # Every rank has the progress counters mapped: without a name, a killed engine
+        # leaves no file behind.
+        Path(self._shutdown.progress_path).unlink(missing_ok=True)
         self.group = open_group(self._store, 0, self.size, self.timeout_s, self.device)
         self.collectives = Collectives(self.group, self.progress, 0)
 
