@@ -82,53 +82,46 @@ def is_running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize(
-    ("spec", "cost"),
-    [("none", None), ("fixed", None), ("adaptive", RandomCost(4))],
-)
-def test_greedy_with_two_ranks_equals_one_process_and_every_rank_ran_every_plan(
-    tmp_path, spec, cost
-):
+def test_greedy_with_two_ranks_equals_one_process_and_every_rank_ran_every_plan(tmp_path):
+    """No speculation, fixed K and adaptive (random budgets), their engines side by side
+    over one loaded shard as ``dspark bench`` keeps them: each completes its partial sums
+    with its own workers, and closing them gives back the thread count."""
     target = make_tiny_model(tmp_path / "t", num_hidden_layers=3, **UNEVEN)
     prompts = repetitive_prompts(5, seed=2)
-    config = dict(spec=spec, num_drafts=3, max_num_seqs=4, cost_model=cost)
-    expected, _, none = generate(target, prompts, **config)
-    assert none == {}  # one process sends no plans
-    cost = None if cost is None else RandomCost(4)  # the same random budgets again
-    got, stats, digests = generate(
-        rank0(target), prompts, **{**config, "cost_model": cost}, tensor_parallel_size=TP
-    )
-    assert got == expected
-    if spec != "none":
-        assert stats.num_verified > stats.num_decode_rounds  # drafts were verified
-    assert sorted(digests) == [0, 1]
-    assert len(digests[0]) == stats.num_steps  # one plan per forward
-    assert digests[1] == digests[0]
-    assert len(set(digests[0])) == len(digests[0])  # every step's plan differs
+    specs = ("none", "fixed", "adaptive")
 
+    def engine(loaded, spec: str, **fields) -> LLMEngine:
+        cost = RandomCost(4) if spec == "adaptive" else None  # the same budgets each time
+        fields |= dict(spec=spec, num_drafts=3, max_num_seqs=4, throughput_gate=False)
+        return LLMEngine(loaded, engine_config(**fields), cost_model=cost)
 
-def test_engines_sharing_one_loaded_shard_run_side_by_side(tmp_path):
-    """As ``dspark bench`` keeps an engine per setting: each completes its partial sums
-    with its own workers, and closing them in any order gives back the thread count."""
-    target = make_tiny_model(tmp_path / "t", **UNEVEN)
-    prompts = repetitive_prompts(3, seed=4)
-    specs = ("none", "fixed")
-    expected = [generate(target, prompts, spec=spec, num_drafts=3)[0] for spec in specs]
+    def run(engines: list[LLMEngine]) -> list[list[list[int]]]:
+        requests = [[e.add_request(p, GREEDY) for p in prompts] for e in engines]
+        while any(e.has_unfinished() for e in engines):
+            for e in engines:
+                if e.has_unfinished():
+                    e.step()
+        return [[r.output_ids for r in rs] for rs in requests]
+
+    alone = [engine(target, spec) for spec in specs]
+    expected = run(alone)
+    assert all(e.plan_digests() == {} for e in alone)  # one process sends no plans
     threads = torch.get_num_threads()
     shard = rank0(target)
-    engines = [
-        LLMEngine(shard, engine_config(spec=spec, num_drafts=3, tensor_parallel_size=TP))
-        for spec in specs
-    ]
-    requests = [[engine.add_request(p, GREEDY) for p in prompts] for engine in engines]
-    while any(engine.has_unfinished() for engine in engines):
-        for engine in engines:
-            if engine.has_unfinished():
-                engine.step()
-    for engine in engines:
-        engine.close()
-    assert [[r.output_ids for r in rs] for rs in requests] == expected
+    engines = [engine(shard, spec, tensor_parallel_size=TP) for spec in specs]
+    got = run(engines)
+    digests = [e.plan_digests() for e in engines]
+    for e in engines:
+        e.close()
+    assert got == expected
     assert torch.get_num_threads() == threads
+    for spec, e, plans in zip(specs, engines, digests, strict=True):
+        if spec != "none":
+            assert e.stats.num_verified > e.stats.num_decode_rounds  # drafts were verified
+        assert sorted(plans) == [0, 1]
+        assert len(plans[0]) == e.stats.num_steps  # one plan per forward
+        assert plans[1] == plans[0]
+        assert len(set(plans[0])) == len(plans[0])  # every step's plan differs
 
 
 @pytest.mark.parametrize(
