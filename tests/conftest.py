@@ -99,3 +99,13 @@ def engine_config(**fields):
     names = {f.name for f in fields_of(AdaptiveConfig)}
     adaptive = {k: fields.pop(k) for k in list(fields) if k in names}
     return EngineConfig(**fields, adaptive=AdaptiveConfig(**adaptive))
+
+
+def pytest_collection_modifyitems(config, items):
+    """``slow`` tests run only when asked for (``-m slow``)."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -85,7 +85,42 @@ def test_profile_round_trip(tmp_path, tiny):
     assert not profile.matches(engine.runner, engine.drafter, 2)
     engine.runner.kv_regions = 4
     assert profile.matches(engine.runner, engine.drafter, 2)
+    # Split over ranks, every step costs otherwise (all-reduces, a share of the work).
+    import dataclasses
+
+    split = dataclasses.replace(profile, tensor_parallel_size=2)
+    assert not split.matches(engine.runner, engine.drafter, 2)
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     with pytest.raises(ValueError, match="cannot read the engine profile"):
         EngineProfile.load(bad)
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "serve"])
+def test_generate_bench_and_serve_take_a_tensor_parallel_size(command):
+    from dspark.cli import build_parser
+
+    prompt = ["--prompt", "hi"] if command == "generate" else []
+    args = build_parser().parse_args([command, *prompt, "--tensor-parallel-size", "2"])
+    assert args.tensor_parallel_size == 2
+
+
+def test_bench_refuses_a_random_shape_split_over_ranks(capsys):
+    from dspark.cli import main
+
+    assert main(["bench", "--shape", "tiny", "--tensor-parallel-size", "2"]) == 2
+    assert "--tensor-parallel-size needs a model directory" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_generate_with_two_ranks_prints_what_one_process_prints(smollm2):
+    """Adaptive verification, profiled at start-up (about a minute per rank count)."""
+
+    def generate(*extra: str) -> str:
+        command = [sys.executable, "-m", "dspark.cli", "generate", "--max-tokens", "32"]
+        command += ["--prompt", "Write a haiku about the sea.", "--spec", "adaptive", *extra]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout
+
+    assert generate("--tensor-parallel-size", "2") == generate()

@@ -397,7 +397,12 @@ def test_adaptive_sampling_with_a_dspark_drafter_follows_the_target(
         assert engine.drafter.heads.num_runs == len(engine.stats.drafter_ms) > 0
     if settle == "on":
         assert engine.stats.settled_steps > sum(engine.stats.depth_steps.values())
-    for position, exact in ((0, exact1), (1, exact2)):
+    assert_first_two_follow(requests, (exact1, exact2), live)
+
+
+def assert_first_two_follow(requests, exacts, live: int) -> None:
+    """The requests' first two tokens follow ``exact_first_two``'s marginals (chi-square)."""
+    for position, exact in enumerate(exacts):
         tokens = np.array([r.output_ids[position] for r in requests])
         counts = np.bincount(np.minimum(tokens, live), minlength=live + 1).astype(float)
         keep = exact > 1e-4

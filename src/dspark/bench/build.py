@@ -48,6 +48,8 @@ def engine_for(
     name = args.shape or "model"
     # A variant profiles apart (its fields may change what profiling measures).
     tag = f"-{setting.tag}" if setting.tag else ""
+    tp = getattr(args, "tensor_parallel_size", 1)
+    tag += f"-tp{tp}" if tp > 1 else ""
     values = dict(
         spec=setting.spec,
         num_drafts=k,
@@ -61,6 +63,7 @@ def engine_for(
             out / "profiles" / f"profile-{name}-c{concurrency}-k{k}-{args.device}{tag}.json"
         ),
         graph_padding_budget=args.graph_padding_budget,
+        tensor_parallel_size=tp,
     )
     config = engine_config(values, setting.overrides)  # a variant's fields win
     drafter = None

@@ -52,10 +52,12 @@ from dspark.bench.measurement import Measurement, summarise
 from dspark.bench.report import report
 from dspark.bench.settings import Setting, checked_variants, job_order
 from dspark.bench.step_log import StepLog
+from dspark.engine.cli import add_tensor_parallel_arg
 from dspark.engine.graphs import CAPTURE_AFTER_WASTE
 from dspark.engine.replay import AcceptanceTrace, random_draft_model
 from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import load_model, resolve_dtype, resolve_model_path
+from dspark.models.parallel import TensorShard
 from dspark.models.shapes import SHAPES, random_model
 
 CPU_SLICE_MS = 250.0
@@ -97,6 +99,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
     parser.add_argument("--device", default="cuda" if cuda else "cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    add_tensor_parallel_arg(parser)
     parser.add_argument("--dataset", choices=["sharegpt", "humaneval"], default="sharegpt")
     parser.add_argument(
         "--concurrency",
@@ -213,6 +216,11 @@ def main(args: argparse.Namespace) -> None:
     variants = checked_variants(args)  # before the model loads: bad input fails at once
     dtype = resolve_dtype(args.dtype, args.device)
     replay = None
+    if args.shape and args.tensor_parallel_size > 1:
+        raise ValueError(
+            "--shape builds a random model in this process; --tensor-parallel-size needs a "
+            "model directory every rank can load its shard from (--model)"
+        )
     if args.shape:
         loaded = random_model(args.shape, dtype=dtype, device=args.device)
         replay = Replay(random_draft_model(loaded), AcceptanceTrace.resolve(args.trace))
@@ -222,7 +230,8 @@ def main(args: argparse.Namespace) -> None:
             f"full K={replay.trace.num_positions})"
         )
     else:
-        loaded = load_model(args.model, dtype=dtype, device=args.device)
+        shard = TensorShard(0, args.tensor_parallel_size) if args.tensor_parallel_size > 1 else None
+        loaded = load_model(args.model, dtype=dtype, device=args.device, shard=shard)
     tokenizer = loaded.tokenizer
     if replay is not None and not args.prompts:  # the trace's prompts, in the model's ids
         from transformers import AutoTokenizer
@@ -342,6 +351,7 @@ def _run_interleaved(
             steps.add(result, len(runs[setting.label, concurrency]) - 1, engine)
         # An engine holds reference cycles (its scheduler calls back into it): collected
         # now, not by a cycle collection that would pause some later setting's run.
+        engine.close()  # its tensor-parallel workers, if any
         del engine
         gc.collect()
         if args.device.startswith("cuda"):
@@ -392,6 +402,8 @@ def _run_sliced(
                     steps.add(result, repeat, loop.engine)
             _write_partial(args, runs)
             progress.update()
+        for loop in loops:
+            loop.engine.close()  # their tensor-parallel workers, if any
         del loops, engine  # reference cycles: collected now, not in a later window
         gc.collect()
         if args.device.startswith("cuda"):

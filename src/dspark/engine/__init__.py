@@ -1,6 +1,7 @@
 """The reference engine: continuous batching and speculative decoding on a real model."""
 
 from dspark.engine.config import AdaptiveConfig, EngineConfig, SpecMode
+from dspark.engine.distributed import TensorParallelError
 from dspark.engine.engine import LLMEngine
 from dspark.engine.llm import LLM, RequestOutput
 from dspark.engine.request import FinishReason, PromptTooLongError
@@ -23,4 +24,5 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "SpecMode",
+    "TensorParallelError",
 ]

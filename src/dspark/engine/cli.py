@@ -19,6 +19,15 @@ from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import cache_dir, resolve_dtype
 
 
+def add_tensor_parallel_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="split the target over N ranks, one process each (started and stopped here)",
+    )
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
     parser.add_argument(
@@ -39,6 +48,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="default: bfloat16 on CUDA, float32 on CPU",
     )
+    add_tensor_parallel_arg(parser)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -51,7 +61,10 @@ def main(args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     # Adaptive verification profiles once per model, device and dtype; later runs read it.
-    name = f"profile-{args.model or 'default'}-{args.device}-{dtype}.json".replace("/", "_")
+    tp = args.tensor_parallel_size
+    parallel = f"-tp{tp}" if tp > 1 else ""
+    name = f"profile-{args.model or 'default'}-{args.device}-{dtype}{parallel}.json"
+    name = name.replace("/", "_")
     config = EngineConfig(
         spec=args.spec,
         num_drafts=args.k,
@@ -59,11 +72,12 @@ def main(args: argparse.Namespace) -> None:
         max_num_batched_tokens=512,
         kv_cache_tokens=16384,
         profile_path=str(cache_dir() / name),
+        tensor_parallel_size=tp,
     )
-    llm = LLM(args.model, dtype=dtype, device=args.device, config=config)
-    start = time.perf_counter()
-    [output] = llm.generate([args.prompt], params, use_chat_template=not args.raw)
-    seconds = time.perf_counter() - start
+    with LLM(args.model, dtype=dtype, device=args.device, config=config) as llm:
+        start = time.perf_counter()
+        [output] = llm.generate([args.prompt], params, use_chat_template=not args.raw)
+        seconds = time.perf_counter() - start
     if output.error:
         raise ValueError(output.error)
     print(output.text)

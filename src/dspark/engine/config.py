@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from dspark.engine.graphs import CAPTURE_AFTER_WASTE
 
@@ -73,9 +73,16 @@ class EngineConfig:
     # Adaptive: read the start-up cost profile from here if it matches, else write it here.
     profile_path: str | None = None
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    # Ranks the target is split over (one process each; docs/design.md, tensor parallelism).
+    tensor_parallel_size: int = 1
+    # A rank that gives no answer for this long (a plan, a collective) is reported stalled.
+    tp_timeout_s: float = 60.0
+    # How long the workers may take to load their shards and join.
+    tp_start_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spec", SpecMode(self.spec))
+        self._check_tensor_parallel()
         for name in ("draft_vocab", "cuda_graphs", "kv_regions"):
             _switch(name, getattr(self, name))
         budget = self.graph_padding_budget
@@ -101,6 +108,29 @@ class EngineConfig:
                 f"max_model_len ({self.max_model_len}) must be at least 2 and fit "
                 f"kv_cache_tokens ({self.kv_cache_tokens})"
             )
+
+    def _check_tensor_parallel(self) -> None:
+        size = self.tensor_parallel_size
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"tensor_parallel_size must be a whole number >= 1, got {size!r}")
+        for name in ("tp_timeout_s", "tp_start_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive seconds, got {getattr(self, name)!r}")
+        if self.tensor_parallel_size > 1 and self.cuda_graphs == "on":
+            raise ValueError(
+                "padded steps (cuda_graphs='on') do not run under tensor parallelism yet; "
+                "use cuda_graphs='auto' or 'off' with tensor_parallel_size > 1"
+            )
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready fields (``from_dict`` reads them back)."""
+        fields = asdict(self)
+        fields["spec"] = self.spec.value
+        return fields
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> EngineConfig:
+        return cls(**{**fields, "adaptive": AdaptiveConfig(**fields["adaptive"])})
 
     def uses_kv_regions(self, device_type: str) -> bool:
         """Whether the KV caches give each sequence slot a region of its own."""

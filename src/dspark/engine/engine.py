@@ -57,7 +57,18 @@ class LLMEngine:
             raise ValueError(
                 f"max_model_len {self.max_model_len} exceeds the model's {positions} positions"
             )
-        self.runner = runner = ModelRunner(loaded, config, self.max_model_len)
+        runner_class = ModelRunner
+        if config.tensor_parallel_size > 1:
+            from dspark.engine.tp_runner import ParallelModelRunner as runner_class
+        self.runner = runner_class(loaded, config, self.max_model_len)
+        try:
+            self._set_up(drafter, cost_model)
+        except BaseException:
+            self.runner.close()  # tensor-parallel workers must not outlive a failed start
+            raise
+
+    def _set_up(self, drafter: Drafter | None, cost_model: StepCostModel | None) -> None:
+        config, runner = self.config, self.runner
         self.device, self.dtype = runner.device, runner.dtype
         self.cache, self.graphs = runner.cache, runner.graphs
         self.scheduler = Scheduler(
@@ -100,7 +111,7 @@ class LLMEngine:
         self._runners = [r for r in runners if r is not None]
         for graph_runner in self._runners:
             graph_runner.ledger.budget = config.graph_padding_budget
-        self.stop_ids = loaded.stop_token_ids
+        self.stop_ids = self.loaded.stop_token_ids
         self.policy: AdaptivePolicy | None = None
         self.upkeep: DeferredUpkeep | None = None
         if config.spec is SpecMode.ADAPTIVE:
@@ -284,6 +295,7 @@ class LLMEngine:
             np.array(num_cached),
             num_query_np,
             np.array(tokens, dtype=np.int64),
+            np.array([len(extra) for extra in drafts]),
         )
         # The logits are queued before the look-ahead, so the device never waits on it.
         logits = None
@@ -569,6 +581,29 @@ class LLMEngine:
         if request.stop_at is not None:
             request.text = request.text[: request.stop_at]
         self.scheduler.finish(request)
+
+    # ---- tensor parallelism and lifetime ---------------------------------------------
+
+    def plan_digests(self) -> dict[int, list[int]]:
+        """Per tensor-parallel rank, the digest of the plan message it ran at every
+        forward so far, in order (rank 0: those it sent; empty for one process)."""
+        return self.runner.plan_digests()
+
+    def check_workers(self) -> None:
+        """Raise ``TensorParallelError`` (naming the rank) if a tensor-parallel worker has
+        exited since the last step; a no-op for one process. An idle engine learns of a
+        dead worker only this way."""
+        self.runner.check_workers()
+
+    def close(self) -> None:
+        """Stop the engine's worker processes (tensor parallelism); idempotent."""
+        self.runner.close()
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
 
     # ---- graphs and clocks ----------------------------------------------------------
 

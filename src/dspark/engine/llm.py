@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from dspark.engine.engine import LLMEngine
 from dspark.engine.request import FinishReason, Request
 from dspark.engine.sampling import SamplingParams
 from dspark.models.loader import load_model
+from dspark.models.parallel import TensorShard
 
 
 @dataclass
@@ -68,6 +70,12 @@ def conversation_ids(tokenizer, messages: list[dict]) -> list[int]:
     return list(ids)
 
 
+def rank0_shard(config: EngineConfig) -> TensorShard | None:
+    """The part of the target this process loads: rank 0's under tensor parallelism."""
+    size = config.tensor_parallel_size
+    return TensorShard(0, size) if size > 1 else None
+
+
 class LLM:
     """Load a model (default: SmolLM2-135M-Instruct) and generate for many prompts."""
 
@@ -78,11 +86,27 @@ class LLM:
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
         config: EngineConfig | None = None,
+        tensor_parallel_size: int | None = None,
         **engine_kwargs,
     ) -> None:
-        loaded = load_model(model, dtype=dtype, device=device)
-        self.engine = LLMEngine(loaded, config or EngineConfig(), **engine_kwargs)
+        """``tensor_parallel_size``: ranks to split the target over (one process each,
+        started and stopped by the engine); None keeps ``config``'s (default 1)."""
+        config = config or EngineConfig()
+        if tensor_parallel_size is not None:
+            config = dataclasses.replace(config, tensor_parallel_size=tensor_parallel_size)
+        loaded = load_model(model, dtype=dtype, device=device, shard=rank0_shard(config))
+        self.engine = LLMEngine(loaded, config, **engine_kwargs)
         self.tokenizer = loaded.tokenizer
+
+    def close(self) -> None:
+        """Stop the engine's worker processes (tensor parallelism); idempotent."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
 
     def chat_prompt(self, message: str) -> list[int]:
         """Token ids of one user message under the model's chat template."""

@@ -76,6 +76,8 @@ class EngineProfile:
     # Whether the engine's KV caches had regions (``EngineConfig.kv_regions``): attention
     # read the cached rows of a batch in place rather than gathered.
     kv_regions: bool = False
+    # Ranks the target was split over: each rank's share and the all-reduces change costs.
+    tensor_parallel_size: int = 1
 
     @property
     def tables(self) -> CostTables:
@@ -130,6 +132,7 @@ class EngineProfile:
             and self.row_plan == current_row_plan(runner)
             and self.block_cut == drafts_cut_blocks(drafter)
             and self.kv_regions == bool(runner.kv_regions)
+            and self.tensor_parallel_size == config.tensor_parallel_size
         )
 
 
@@ -199,6 +202,7 @@ def profile_engine(
         current_row_plan(runner),
         drafts_cut_blocks(drafter),
         bool(runner.kv_regions),
+        config.tensor_parallel_size,
     )
     if path is not None:
         profile.save(Path(path))

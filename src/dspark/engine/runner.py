@@ -4,6 +4,7 @@ forward per step (replayed as a CUDA graph where its shape is captured)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -33,10 +34,13 @@ class ModelRunner:
         weights_of = getattr(self.model, "linear_weights", None)
         if self.device.type == "cpu" and weights_of is not None:
             tune_small_rows(weights_of())
-        self.padded_steps = switched_on(config.cuda_graphs, self.device.type == "cuda")
+        # Padded steps are whole-model graphs: not under tensor parallelism.
+        self.padded_steps = config.tensor_parallel_size == 1 and switched_on(
+            config.cuda_graphs, self.device.type == "cuda"
+        )
         self.kv_regions = config.max_num_seqs if config.uses_kv_regions(self.device.type) else 0
         self.cache = PagedKVCache(
-            loaded.config,
+            loaded.local_config,  # a tensor-parallel shard caches its own heads
             # Padded steps take one block for padding tokens: on top of the pool asked for.
             config.kv_cache_tokens // config.block_size + int(self.padded_steps),
             config.block_size,
@@ -56,6 +60,8 @@ class ModelRunner:
             )
             self.graphs.ledger.budget = config.graph_padding_budget
         self.capture_layers: tuple[int, ...] = ()  # target layers a drafter reads
+        # Completes a tensor-parallel shard's partial sums (None: the whole model).
+        self.all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.graph_tokens = 0  # tokens of the shape the latest forward replayed (0: eager)
 
     def forward(
@@ -64,9 +70,12 @@ class ModelRunner:
         num_cached: np.ndarray,
         num_query: np.ndarray,
         tokens: np.ndarray,
+        num_admitted: np.ndarray | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Final hidden states ``[T, hidden]`` and the captured layers of one packed step.
-        A graph's outputs are its own buffers, valid until the next forward."""
+        A graph's outputs are its own buffers, valid until the next forward.
+        ``num_admitted``: drafts among each request's query tokens (a tensor-parallel
+        plan carries them; one process needs no more than the tokens)."""
         self.graph_tokens = 0
         shape = None if self.graphs is None else self.graphs.shape_for(num_cached, num_query)
         if shape is not None:
@@ -85,7 +94,19 @@ class ModelRunner:
             batch,
             self.cache.layers,
             capture_layers=self.capture_layers,
+            all_reduce=self.all_reduce,
         )
+
+    def plan_digests(self) -> dict[int, list[int]]:
+        """Per tensor-parallel rank, the digests of the plans it ran (none: one process)."""
+        return {}
+
+    def check_workers(self) -> None:
+        """Raise ``TensorParallelError`` if a tensor-parallel worker has exited (one
+        process has none)."""
+
+    def close(self) -> None:
+        """Free what outlives the runner's objects (a tensor-parallel runner's workers)."""
 
     def _graph_body(self, ids: torch.Tensor, positions: torch.Tensor, batch) -> list:
         hidden, captured = self.model(

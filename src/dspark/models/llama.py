@@ -8,7 +8,7 @@ cached keys and values through ``AttentionBatch`` (see ``dspark.engine.kv_cache`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -280,17 +280,27 @@ class LlamaModel(nn.Module):
         batch: AttentionBatch,
         kv_cache: Sequence[tuple[torch.Tensor, torch.Tensor]],
         capture_layers: Sequence[int] = (),
+        all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Final hidden states ``[T, hidden]`` (before the LM head) and the outputs of
-        the layers in ``capture_layers`` (for a drafter's context features)."""
+        the layers in ``capture_layers`` (for a drafter's context features).
+        ``all_reduce``: a tensor-parallel shard's attention and MLP outputs are partial
+        sums over its heads and columns, which this completes (None: the whole model).
+        The caller passes it, not the model: engines may share one loaded shard."""
+
+        def completed(partial: torch.Tensor) -> torch.Tensor:
+            return partial if all_reduce is None else all_reduce(partial)
+
         hidden = self.embed_tokens(input_ids)
         captured = []
         for index, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache[index]
-            hidden = hidden + layer.self_attn(
-                layer.input_layernorm(hidden), positions, self.rotary, batch, k_cache, v_cache
+            hidden = hidden + completed(
+                layer.self_attn(
+                    layer.input_layernorm(hidden), positions, self.rotary, batch, k_cache, v_cache
+                )
             )
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + completed(layer.mlp(layer.post_attention_layernorm(hidden)))
             if index in capture_layers:
                 captured.append(hidden)
         return self.norm(hidden), captured

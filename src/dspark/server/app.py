@@ -119,7 +119,8 @@ def build_app(
     async def health() -> JSONResponse:
         if runner.accepting:
             return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "shutting down"}, status_code=503)
+        status = runner.unavailable or "shutting down"
+        return JSONResponse({"status": status}, status_code=503)
 
     @app.get("/v1/models", dependencies=guarded)
     async def models() -> dict:

@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from dspark.engine.cli import add_tensor_parallel_arg
 from dspark.engine.config import EngineConfig, SpecMode
 from dspark.models.loader import cache_dir, resolve_dtype
 
@@ -56,6 +57,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    add_tensor_parallel_arg(parser)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -63,6 +65,7 @@ def main(args: argparse.Namespace) -> None:
     from dspark.server.serve import GracefulServer, create_app
 
     dtype = resolve_dtype(args.dtype, args.device)
+    tp = f"-tp{args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""
     config = EngineConfig(
         spec=args.spec,
         num_drafts=args.k,
@@ -70,8 +73,9 @@ def main(args: argparse.Namespace) -> None:
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_tokens=args.kv_cache_tokens,
         profile_path=str(
-            cache_dir() / f"profile-serve-{args.device}-{dtype}.json".replace("torch.", "")
+            cache_dir() / f"profile-serve-{args.device}-{dtype}{tp}.json".replace("torch.", "")
         ),
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     app, runner = create_app(
         args.model,

@@ -4,7 +4,9 @@ HTTP handlers never touch the engine: they ``submit`` a request and read events
 (text deltas, then a final event with the finish reason and usage) from an
 ``asyncio.Queue``; ``abort`` cancels one (a client that disconnected). The thread steps
 the engine while there is work and sleeps on the command queue otherwise. An exception
-inside a step fails the requests in flight with an error event; the loop carries on.
+inside a step fails the requests in flight with an error event; the loop carries on,
+unless a tensor-parallel rank died or stalled (seen at a step, or between steps): then
+the server answers 503 from then on.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from dspark.engine.distributed import TensorParallelError
 from dspark.engine.engine import LLMEngine
 from dspark.engine.request import PromptTooLongError, Request
 from dspark.engine.sampling import SamplingParams
@@ -71,6 +74,7 @@ class EngineRunner:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._accepting = True
+        self.unavailable: str | None = None  # why the engine cannot serve (HTTP 503)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dspark-engine", daemon=True)
 
@@ -94,7 +98,7 @@ class EngineRunner:
             )
         with self._lock:
             if not self._accepting:
-                raise ShuttingDownError("the server is shutting down")
+                raise ShuttingDownError(self.unavailable or "the server is shutting down")
             if self._pending >= self.max_pending:
                 raise QueueFullError(
                     f"{self._pending} requests are already pending (the limit is "
@@ -121,6 +125,7 @@ class EngineRunner:
             time.sleep(0.05)
         self._commands.put(("stop",))
         self._thread.join(timeout=30)
+        self.engine.close()  # its tensor-parallel workers, if any
 
     @property
     def accepting(self) -> bool:
@@ -139,9 +144,13 @@ class EngineRunner:
             self._drain_commands(block=not self.engine.has_unfinished())
             if self._stopped.is_set() or not self.engine.has_unfinished():
                 self._update_gauges()  # aborts and rejections change them without a step
+                self._check_workers()
                 continue
             try:
                 touched = self.engine.step()
+            except TensorParallelError as error:  # a rank is gone: no step can run again
+                self._cannot_serve(error)
+                continue
             except Exception:  # a bug must not take the server down
                 log.exception("engine step failed")
                 self._fail_all(INTERNAL_ERROR)
@@ -149,6 +158,23 @@ class EngineRunner:
             for request in touched:
                 self._publish(request)
             self._update_gauges()
+
+    def _check_workers(self) -> None:
+        """An idle engine's dead worker turns the server unavailable before any request
+        is sent to it."""
+        if self.unavailable is None:
+            try:
+                self.engine.check_workers()
+            except TensorParallelError as error:
+                self._cannot_serve(error)
+
+    def _cannot_serve(self, error: TensorParallelError) -> None:
+        """From now on: 503 for new requests and /health; those in flight end with why."""
+        log.error("the engine cannot serve: %s", error)
+        with self._lock:
+            self._accepting = False
+            self.unavailable = f"the engine cannot serve: {error}"
+        self._fail_all(self.unavailable)
 
     def _drain_commands(self, block: bool) -> None:
         while True:

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from dspark.engine.config import EngineConfig
 from dspark.engine.engine import LLMEngine
+from dspark.engine.llm import rank0_shard
 from dspark.models.loader import DEFAULT_MODEL, load_model
 from dspark.server.app import build_app
 from dspark.server.cli import DEFAULT_MAX_BODY_BYTES
@@ -32,8 +33,9 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> tuple[FastAPI, EngineRunner]:
     """The app and its runner; ``api_key``: requests to /v1 need it as a bearer token."""
-    loaded = load_model(model, dtype=dtype, device=device)
-    engine = LLMEngine(loaded, config or EngineConfig())
+    config = config or EngineConfig()
+    loaded = load_model(model, dtype=dtype, device=device, shard=rank0_shard(config))
+    engine = LLMEngine(loaded, config)
     runner = EngineRunner(engine, max_pending)
     encoder = PromptEncoder(loaded.tokenizer, engine.max_model_len)
     name = served_name or (DEFAULT_MODEL if model is None else loaded.path.name)
