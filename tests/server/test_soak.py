@@ -1,5 +1,6 @@
-"""The soak (dspark.bench.soak) against a real server: 64 clients for three rounds of 20 s,
-half of them hanging up at random (scripts/soak.py runs the same against ``dspark serve``)."""
+"""The soak (dspark.bench.soak) against a real server, 64 clients of which half hang up at
+random: three rounds of 5 s in the default suite, the full three rounds of 20 s behind
+``-m slow`` (scripts/soak.py runs that against ``dspark serve``)."""
 
 import pytest
 
@@ -20,8 +21,11 @@ def soak(server, rounds: int, seconds: float) -> dict:
     return run_soak(config, rounds, seconds)
 
 
-def test_a_soak_loses_nothing_and_leaks_nothing(soak_server):
-    result = soak(soak_server, rounds=3, seconds=20.0)
+@pytest.mark.parametrize(
+    "seconds", [5.0, pytest.param(20.0, marks=pytest.mark.slow)], ids=["short", "full"]
+)
+def test_a_soak_loses_nothing_and_leaks_nothing(soak_server, seconds):
+    result = soak(soak_server, rounds=3, seconds=seconds)
     assert problems(result) == []
     rounds = result["rounds"]
     assert sum(r.cancelled for r in rounds) > 0  # hang-ups really happened
