@@ -205,7 +205,10 @@ def test_graceful_shutdown_finishes_or_explains(smollm2):
         }
         lines = []
         with httpx.stream("POST", f"{running.base}/v1/completions", json=body, timeout=60) as r:
-            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line)
+                    streaming.set()
         outcome["lines"] = lines
 
     def short():
@@ -215,10 +218,16 @@ def test_graceful_shutdown_finishes_or_explains(smollm2):
             .usage.completion_tokens
         )
 
+    streaming = threading.Event()
     threads = [threading.Thread(target=long_stream), threading.Thread(target=short)]
-    for t in threads:
-        t.start()
-    time.sleep(1.5)
+    threads[0].start()
+    assert streaming.wait(60)
+    threads[1].start()
+    # Close once both are in the engine (or the short one is done), not after a guess.
+    deadline = time.monotonic() + 30
+    while metric(running.base, "dspark_running_requests") < 2 and "short" not in outcome:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     running.close()  # grace 1 s: the short request finishes, the long one is told why
     for t in threads:
         t.join(timeout=30)
