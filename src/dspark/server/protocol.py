@@ -120,18 +120,11 @@ class CompletionRequest(_Request):
             raise ValueError("prompt must be a string (or a list of one string)")
         return value
 
-    @field_validator("echo")
+    @field_validator("echo", "suffix")
     @classmethod
-    def _no_echo(cls, value):
+    def _unsupported(cls, value, info: ValidationInfo):
         if value:
-            raise ValueError("echo is not supported")
-        return value
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, value):
-        if value:
-            raise ValueError("suffix is not supported")
+            raise ValueError(f"{info.field_name} is not supported")
         return value
 
 
