@@ -229,6 +229,37 @@ def test_tune_small_rows_without_packing_times_two_products(monkeypatch):
         _forget(weights)
 
 
+def test_a_stored_plan_is_followed_by_the_next_process_without_measuring(tmp_path):
+    """The plan measured is kept in the store; a start that finds it there (here: the
+    plan forgotten in memory, as in a new process) measures nothing; a damaged file is
+    measured again and rewritten."""
+    weights = [torch.randn(20, 40), torch.randn(40, 20)]
+    paths = 3 if ops.packing_available() else 2
+    clock, calls, ticks = _scripted_clock(_scripted_times, paths)
+
+    def untimed():
+        raise AssertionError("a stored plan was measured again")
+
+    try:
+        left_flat = ops.tune_small_rows(weights, clock=clock, store=tmp_path)
+        measured = ops.row_plan((20, 40))
+        assert calls[0] == 2 * len(ticks)
+        (stored,) = tmp_path.iterdir()
+        _forget(weights)
+        assert ops.tune_small_rows(weights, clock=untimed, store=tmp_path) == left_flat
+        assert ops.row_plan((20, 40)) == measured == ops.row_plan((40, 20))
+        _forget(weights)
+        stored.write_text("[1, 2")
+        clock, calls, ticks = _scripted_clock(_scripted_times, paths)
+        ops.tune_small_rows(weights, clock=clock, store=tmp_path)
+        assert calls[0] == 2 * len(ticks) and ops.row_plan((20, 40)) == measured
+        _forget(weights)
+        ops.tune_small_rows(weights, clock=untimed, store=tmp_path)
+        assert ops.row_plan((20, 40)) == measured
+    finally:
+        _forget(weights)
+
+
 @needs_packing
 def test_packed_copy_follows_the_weight():
     """A weight changed in place (loaded, trained) is packed again; a plan that never

