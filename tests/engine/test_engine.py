@@ -531,12 +531,20 @@ def test_greedy_speculation_on_smollm2_matches_plain_greedy_up_to_exact_ties(smo
     llm.tokenizer = smollm2.tokenizer
     ids = [smollm2.tokenizer.encode(p) for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    plain, _ = run(smollm2, ids, params)
+    small = dict(kv_cache_tokens=4096)  # the default 3 GB would take seconds to zero
+    plain, _ = run(smollm2, ids, params, **small)
     cases = (("fixed", None, "ngram"), ("adaptive", RandomCost(9), "ngram"))
     cases += (("fixed", None, "dspark"), ("adaptive", RandomCost(9), "dspark"))
     for spec, cost, drafter in cases:
         spec_out, engine = run(
-            smollm2, ids, params, spec=spec, num_drafts=4, cost_model=cost, drafter=drafter
+            smollm2,
+            ids,
+            params,
+            spec=spec,
+            num_drafts=4,
+            cost_model=cost,
+            drafter=drafter,
+            **small,
         )
         assert engine.stats.num_verified > engine.stats.num_decode_rounds  # drafts were verified
         for p, a, b in zip(ids, plain, spec_out, strict=True):

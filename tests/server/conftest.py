@@ -20,7 +20,7 @@ class RunningServer:
         from dspark.server.serve import GracefulServer, create_app
 
         config = EngineConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=512, kv_cache_tokens=16384
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=512, kv_cache_tokens=4096
         )
         self.api_key = api_key
         self.app, self.runner = create_app(

@@ -21,7 +21,7 @@ def test_the_key_comes_from_the_environment_and_a_second_signal_exits_at_once(sm
     src = str(ROOT / "src")
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "DSPARK_API_KEY": "env-key", "PYTHONPATH": path}
-    serve_args = ["--max-num-seqs", "2", "--kv-cache-tokens", "16384", "--grace-seconds", "60"]
+    serve_args = ["--max-num-seqs", "2", "--kv-cache-tokens", "4096", "--grace-seconds", "60"]
     server = start_serve(port, serve_args, tmp_path / "serve.log", env)
     try:
         assert httpx.get(f"{base}/v1/models").status_code == 401

@@ -1,5 +1,5 @@
 """The soak (dspark.bench.soak) against a real server, 64 clients of which half hang up at
-random: three rounds of 5 s in the default suite, the full three rounds of 20 s behind
+random: three rounds of 3 s in the default suite, the full three rounds of 20 s behind
 ``-m slow`` (scripts/soak.py runs that against ``dspark serve``)."""
 
 import pytest
@@ -22,7 +22,7 @@ def soak(server, rounds: int, seconds: float) -> dict:
 
 
 @pytest.mark.parametrize(
-    "seconds", [5.0, pytest.param(20.0, marks=pytest.mark.slow)], ids=["short", "full"]
+    "seconds", [3.0, pytest.param(20.0, marks=pytest.mark.slow)], ids=["short", "full"]
 )
 def test_a_soak_loses_nothing_and_leaks_nothing(soak_server, seconds):
     result = soak(soak_server, rounds=3, seconds=seconds)

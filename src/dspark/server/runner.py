@@ -77,6 +77,7 @@ class EngineRunner:
         self.unavailable: str | None = None  # why the engine cannot serve (HTTP 503)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dspark-engine", daemon=True)
+        self._update_gauges()  # /metrics shows the engine before its first step
 
     # ---- called from the HTTP side ---------------------------------------------------
 
