@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "simulate": ("dspark.sim.cli", "compare verification policies on measured step costs"),
     "generate": ("dspark.engine.cli", "generate text for a prompt with the reference engine"),
     "bench-engine": ("dspark.bench.engine", "time the reference engine (and transformers)"),
+    "roofline": ("dspark.bench.roofline", "step time by kernel class against the hardware bound"),
     "serve": ("dspark.server.cli", "an OpenAI-compatible HTTP server over the engine"),
     "bench-serve": ("dspark.bench.load", "load-test the server with streaming clients"),
     "distill": ("dspark.train.distill", "distillation data: the target answers chat turns"),
