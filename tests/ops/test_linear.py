@@ -1,6 +1,8 @@
 """The CPU products of a few rows: every plan gives F.linear's rows, and the plan follows
 the times measured."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -248,14 +250,15 @@ def test_a_stored_plan_is_followed_by_the_next_process_without_measuring(tmp_pat
         _forget(weights)
         assert ops.tune_small_rows(weights, clock=untimed, store=tmp_path) == left_flat
         assert ops.row_plan((20, 40)) == measured == ops.row_plan((40, 20))
-        _forget(weights)
-        stored.write_text("[1, 2")
-        clock, calls, ticks = _scripted_clock(_scripted_times, paths)
-        ops.tune_small_rows(weights, clock=clock, store=tmp_path)
-        assert calls[0] == 2 * len(ticks) and ops.row_plan((20, 40)) == measured
-        _forget(weights)
-        ops.tune_small_rows(weights, clock=untimed, store=tmp_path)
-        assert ops.row_plan((20, 40)) == measured
+        for damaged in ("[1, 2", json.dumps([None] + [["linear", "x"]] * 64)):
+            _forget(weights)
+            stored.write_text(damaged)
+            clock, calls, ticks = _scripted_clock(_scripted_times, paths)
+            ops.tune_small_rows(weights, clock=clock, store=tmp_path)
+            assert calls[0] == 2 * len(ticks) and ops.row_plan((20, 40)) == measured
+            _forget(weights)
+            ops.tune_small_rows(weights, clock=untimed, store=tmp_path)
+            assert ops.row_plan((20, 40)) == measured
     finally:
         _forget(weights)
 

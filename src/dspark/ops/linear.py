@@ -13,6 +13,7 @@ zeros to a count that runs faster and dropped after.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -209,9 +210,13 @@ def tune_small_rows(
     key = (tuple(tuple(w.shape) for w in weights), weights[0].dtype, torch.get_num_threads())
     if key not in _TUNED:
         stored = _stored_plan(store, key) if store else None
+        if stored is not None and _packs(stored) and not _packable(weights):
+            stored = None  # packed on the machine that measured it, not here
         _TUNED[key] = stored or _measured_plan(weights, repeats, clock)
         if store and stored is None:
             _store_plan(store, key, _TUNED[key])
+    elif store and not _store_file(store, key).is_file():  # measured before, not kept
+        _store_plan(store, key, _TUNED[key])
     plan = _TUNED[key]
     for w in weights:
         if tuple(w.shape) not in keep_shapes:
@@ -221,10 +226,16 @@ def tune_small_rows(
     return frozenset(rows for rows in TUNED_ROWS if plan[rows] == (FLAT, rows))
 
 
+STORE_FORMAT = 1
+"""Bumped whenever how a plan is chosen from its times changes: stored plans made the
+old way are measured again."""
+
+
 def _store_file(store: Path, key: tuple) -> Path:
     shapes, dtype, threads = key
     machine = (_cpu_name(), torch.__version__, str(dtype), threads, packing_available())
-    text = json.dumps([machine, shapes, TUNED_ROWS])
+    rules = (STORE_FORMAT, TUNED_ROWS, PAD_GAIN, PAD_MULTIPLE, ROW_MAJOR_MAX_ROWS)
+    text = json.dumps([machine, shapes, rules, COLUMN_MAJOR_COST])
     return Path(store) / f"rows-{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
 
 
@@ -247,23 +258,27 @@ def _stored_plan(store: Path, key: tuple) -> tuple | None:
     if not isinstance(entries, list) or len(entries) != TUNED_ROWS[-1] + 1:
         return None
     plan: list[tuple[str, int] | None] = [None]
-    for entry in entries[1:]:
+    for rows, entry in enumerate(entries[1:], start=1):
         if not (isinstance(entry, list) and len(entry) == 2 and entry[0] in PATHS):
             return None
-        plan.append((entry[0], int(entry[1])))
+        path, size = entry
+        if not (isinstance(size, int) and rows <= size <= TUNED_ROWS[-1]):
+            return None
+        plan.append((path, size))
     return tuple(plan)
 
 
 def _store_plan(store: Path, key: tuple, plan: tuple) -> None:
     path = _store_file(store, key)
+    # Written aside and renamed: ranks of one model may store at the same moment.
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Written aside and renamed: ranks of one model may store at the same moment.
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps([list(p) if p else None for p in plan]))
         partial.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs the next start its measurement
+    except OSError:  # a read-only cache only costs the next start its measurement
+        with contextlib.suppress(OSError):
+            partial.unlink()
 
 
 def _packs(plan: tuple) -> bool:
