@@ -172,7 +172,7 @@ def profile_engine(
     with exact_shapes(runners):  # each size timed as itself
         if runner.graphs is not None:  # capture every shape before timing its replays
             for _, _, query, context in shapes:
-                _dummy_step(runner, drafter, query, context, rng, depths)
+                dummy_step(runner, drafter, query, context, rng, depths)
         # Round by round over the sizes, each round in its own order: a slow phase of the
         # machine lands on one replay of many sizes (the median drops it), never on every
         # replay of one, and no size always follows the same one.
@@ -181,7 +181,7 @@ def profile_engine(
             order = depths[turn:] + depths[:turn]
             for index in rng.permutation(len(shapes)):
                 size, num_reqs, query, context = shapes[index]
-                forward_ms, drafter_ms = _dummy_step(runner, drafter, query, context, rng, order)
+                forward_ms, drafter_ms = dummy_step(runner, drafter, query, context, rng, order)
                 full = drafter_ms.get(num_drafts, 0.0)
                 samples.append(StepTiming(num_reqs, size, forward_ms, full, True))
                 depth_samples += [
@@ -233,7 +233,7 @@ def captured_sizes(runner: ModelRunner) -> list[int]:
 
 
 @torch.inference_mode()
-def _dummy_step(
+def dummy_step(
     runner: ModelRunner,
     drafter,
     query: np.ndarray,
