@@ -8,6 +8,13 @@
 #                   speculation and the fixed K that lead, at the same levels
 #   checks          the GPU tests (pytest -m gpu) and greedy speculation against greedy
 #                   decoding on the real model (bf16)
+#   roofline        step time by kernel class against the measured bandwidth and GEMM
+#                   bound, decode and verify steps at 1, 16, 64, 256 requests: the 8B
+#                   shape, then SmolLM2 (dspark roofline --trace)
+#   attention       one layer's paged attention: eager gather + SDPA against the Triton
+#                   kernel, SmolLM2 and 8B heads (scripts/attention_bench.py)
+#   peer            SmolLM2 in dspark against transformers' generate (eager, static cache,
+#                   static cache + torch.compile) at 1 and 16 requests (dspark bench-engine)
 #
 # VARIANT="TAG:setting=value ..." adds each as an in-run A/B against adaptive at its
 # defaults (e.g. VARIANT=ng:throughput_gate=off). LEVELS="1 4" runs only those levels;
@@ -69,7 +76,23 @@ for name in "$@"; do
         timeout 200 python3 scripts/gpu_engine_check.py --model "$G" --dtype bfloat16 \
           --num-prompts 32 2>&1 | tail -5 | tee "$OUT/checks/greedy_bf16.txt"
       fi ;;
-    *) echo "unknown name $name (8b-levels, smollm2-levels, checks)" ;;
+    roofline)
+      mkdir -p "$OUT/roofline"
+      timeout 240 python3 -m dspark.cli roofline --shape llama3-8b --device cuda --trace \
+        --out-dir "$OUT/roofline" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -24
+      if [ -f "$G" ]; then
+        timeout 150 python3 -m dspark.cli roofline --model "$G" --device cuda --trace \
+          --out-dir "$OUT/roofline" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -24
+      fi ;;
+    attention)
+      timeout 240 python3 scripts/attention_bench.py --out "$OUT/attention" 2>&1 \
+        | grep -v "it/s\]\|s/it\]" | tail -40 ;;
+    peer)
+      [ -f "$G" ] || { echo "no staged GGUF at $G (scripts/gpu/split_gguf.sh)"; continue; }
+      timeout 400 python3 -m dspark.cli bench-engine --model "$G" --device cuda \
+        --dtype bfloat16 --prompts .gpu/prompts.npz --concurrency 1 16 --max-tokens 128 --repeats 3 \
+        --hf eager static compiled --out-dir "$OUT/peer" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -16 ;;
+    *) echo "unknown name $name (8b-levels, smollm2-levels, checks, roofline, attention, peer)" ;;
   esac
 done
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/device.txt"
