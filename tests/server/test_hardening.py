@@ -316,6 +316,24 @@ def test_n_above_one_is_refused_as_unsupported(server):
     assert "not supported" in response.json()["error"]["message"]
 
 
+def test_a_client_gone_mid_body_is_no_error_and_the_server_serves_on(server, caplog):
+    import socket
+
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {server.api_key}\r\nContent-Length: 100000\r\n\r\n"
+    )
+    with caplog.at_level("INFO", logger="dspark.server"):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(head.encode() + b'{"model": "')
+        deadline = time.monotonic() + 5
+        while "whole body" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert "whole body" in caplog.text
+    assert "unexpected error" not in caplog.text
+    assert httpx.get(f"{server.base}/health").status_code == 200
+
+
 def test_an_unexpected_error_is_a_json_500_with_a_request_id(server):
     def broken() -> dict:
         raise RuntimeError("secret internal detail")

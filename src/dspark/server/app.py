@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from dspark.engine.sampling import SamplingParams
 from dspark.server.cli import DEFAULT_MAX_BODY_BYTES
@@ -53,6 +54,9 @@ class _GuardedRoute(APIRoute):
                 return await handler(request)
             except (ApiError, StarletteHTTPException, RequestValidationError):
                 raise
+            except ClientDisconnect:  # gone before its body arrived: nobody to answer
+                log.info("client left %s before sending its whole body", request.url.path)
+                return Response(status_code=499)
             except Exception:
                 request_id = f"req-{uuid.uuid4().hex[:16]}"
                 log.exception("unexpected error in %s (request %s)", request.url.path, request_id)
