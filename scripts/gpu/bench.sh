@@ -18,7 +18,7 @@
 #
 # VARIANT="TAG:setting=value ..." adds each as an in-run A/B against adaptive at its
 # defaults (e.g. VARIANT=ng:throughput_gate=off). LEVELS="1 4" runs only those levels;
-# a level that would run past BUDGET_S (540) seconds from the start is cut or skipped.
+# a level or job that would run past BUDGET_S (540) seconds from the start is cut or skipped.
 # Results: $OUT/NAME/cLEVEL/ (bench.json, bench.png, step_log.txt), packed into
 # $OUT/results.tgz. Needs .gpu/prompts.npz (python -m dspark.train.data .gpu/prompts.npz)
 # carried; SmolLM2 and checks need the GGUF staged first: bash scripts/gpu/split_gguf.sh
@@ -50,6 +50,12 @@ level() {  # NAME LEVEL FIXED REPEATS REQUESTS SLICE_MS LIMIT [bench args...]
   rm -rf "$dir/profiles" "$dir/bench.partial.json"
 }
 
+within() {  # LIMIT: the seconds a job may take before DEADLINE (fails under 45)
+  local left=$(( DEADLINE - $(date +%s) ))
+  [ "$left" -lt "$1" ] && set -- "$left"
+  [ "$1" -ge 45 ] && echo "$1"
+}
+
 for name in "$@"; do
   case "$name" in
     8b-levels)
@@ -71,25 +77,29 @@ for name in "$@"; do
       level "$name" 256 4 3 256 200 170 "${smol[@]}" ;;
     checks)
       mkdir -p "$OUT/checks"
-      timeout 240 python3 -m pytest -q -m gpu tests 2>&1 | tail -5 | tee "$OUT/checks/pytest.txt"
-      if [ -f "$G" ]; then
-        timeout 200 python3 scripts/gpu_engine_check.py --model "$G" --dtype bfloat16 \
+      t=$(within 240) || { echo "checks: skipped, out of time"; continue; }
+      timeout "$t" python3 -m pytest -q -m gpu tests 2>&1 | tail -5 | tee "$OUT/checks/pytest.txt"
+      if [ -f "$G" ] && t=$(within 200); then
+        timeout "$t" python3 scripts/gpu_engine_check.py --model "$G" --dtype bfloat16 \
           --num-prompts 32 2>&1 | tail -5 | tee "$OUT/checks/greedy_bf16.txt"
       fi ;;
     roofline)
       mkdir -p "$OUT/roofline"
-      timeout 240 python3 -m dspark.cli roofline --shape llama3-8b --device cuda --trace \
+      t=$(within 240) || { echo "roofline: skipped, out of time"; continue; }
+      timeout "$t" python3 -m dspark.cli roofline --shape llama3-8b --device cuda --trace \
         --out-dir "$OUT/roofline" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -24
-      if [ -f "$G" ]; then
-        timeout 150 python3 -m dspark.cli roofline --model "$G" --device cuda --trace \
+      if [ -f "$G" ] && t=$(within 150); then
+        timeout "$t" python3 -m dspark.cli roofline --model "$G" --device cuda --trace \
           --out-dir "$OUT/roofline" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -24
       fi ;;
     attention)
-      timeout 240 python3 scripts/attention_bench.py --out "$OUT/attention" 2>&1 \
+      t=$(within 240) || { echo "attention: skipped, out of time"; continue; }
+      timeout "$t" python3 scripts/attention_bench.py --out "$OUT/attention" 2>&1 \
         | grep -v "it/s\]\|s/it\]" | tail -40 ;;
     peer)
       [ -f "$G" ] || { echo "no staged GGUF at $G (scripts/gpu/split_gguf.sh)"; continue; }
-      timeout 400 python3 -m dspark.cli bench-engine --model "$G" --device cuda \
+      t=$(within 400) || { echo "peer: skipped, out of time"; continue; }
+      timeout "$t" python3 -m dspark.cli bench-engine --model "$G" --device cuda \
         --dtype bfloat16 --prompts .gpu/prompts.npz --concurrency 1 16 --max-tokens 128 --repeats 3 \
         --hf eager static compiled --out-dir "$OUT/peer" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -16 ;;
     *) echo "unknown name $name (8b-levels, smollm2-levels, checks, roofline, attention, peer)" ;;
