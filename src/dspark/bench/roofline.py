@@ -201,9 +201,8 @@ class StepTimer:
                     raise ValueError("the KV cache cannot hold the step; raise --kv-cache-tokens")
             tokens = self.rng.integers(0, self.vocab, num_reqs * query).astype(np.int64)
             cached, queries = np.full(num_reqs, context), np.full(num_reqs, query)
-            every_row = list(range(len(tokens)))
-            hidden, _ = runner.forward(tables, cached, queries, tokens, logit_rows=every_row)
-            return runner.logits(hidden).argmax(-1).tolist()  # the step's one sync
+            hidden, _ = runner.forward(tables, cached, queries, tokens)
+            return runner.model.logits(hidden).argmax(-1).tolist()  # the step's one sync
         finally:
             for table in tables:
                 cache.release(table)

@@ -117,14 +117,6 @@ class Collectives:
         self.group.allreduce([tensor]).wait()
         return tensor
 
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's ``tensor`` (one shape on every rank), in rank order."""
-        tensor = tensor.contiguous()
-        self.progress[self.rank] += 1
-        parts = [torch.empty_like(tensor) for _ in range(self.group.size())]
-        self.group.allgather([parts], [tensor]).wait()
-        return parts
-
 
 @dataclass
 class _Worker:
@@ -195,13 +187,6 @@ class WorkerPool:
         self._check()
         try:
             return self.collectives.all_reduce(tensor)
-        except RuntimeError as error:
-            raise self.fail(error) from None
-
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        self._check()
-        try:
-            return self.collectives.all_gather(tensor)
         except RuntimeError as error:
             raise self.fail(error) from None
 

@@ -298,12 +298,11 @@ class LLMEngine:
             num_query_np,
             np.array(tokens, dtype=np.int64),
             np.array([len(extra) for extra in drafts]),
-            rows,
         )
         # The logits are queued before the look-ahead, so the device never waits on it.
         logits = None
         if rows:
-            logits = self.runner.logits(hidden, row_index)
+            logits = self.model.logits(hidden if every_row else hidden[row_index])
         if policy is not None:
             policy.look_ahead(chunks)  # the host's turn while the device computes
         self.stats.forward_ms.append(self.runner.clock() - start_time)

@@ -71,13 +71,11 @@ class ModelRunner:
         num_query: np.ndarray,
         tokens: np.ndarray,
         num_admitted: np.ndarray | None = None,
-        logit_rows: list[int] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Final hidden states ``[T, hidden]`` and the captured layers of one packed step.
         A graph's outputs are its own buffers, valid until the next forward.
-        ``num_admitted``: drafts among each request's query tokens; ``logit_rows``: the
-        rows ``logits`` will be asked for (a tensor-parallel plan carries both; one
-        process needs no more than the tokens)."""
+        ``num_admitted``: drafts among each request's query tokens (a tensor-parallel
+        plan carries them; one process needs no more than the tokens)."""
         self.graph_tokens = 0
         shape = None if self.graphs is None else self.graphs.shape_for(num_cached, num_query)
         if shape is not None:
@@ -98,11 +96,6 @@ class ModelRunner:
             capture_layers=self.capture_layers,
             all_reduce=self.all_reduce,
         )
-
-    def logits(self, hidden: torch.Tensor, row_index: torch.Tensor | None = None):
-        """float32 logits ``[N, vocab]`` of the step's ``hidden[row_index]`` (every row:
-        None), the rows its forward was told of."""
-        return self.model.logits(hidden if row_index is None else hidden[row_index])
 
     def plan_digests(self) -> dict[int, list[int]]:
         """Per tensor-parallel rank, the digests of the plans it ran (none: one process)."""

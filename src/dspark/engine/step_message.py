@@ -2,8 +2,7 @@
 
 It carries everything a rank needs to run its shard of the step and nothing it could
 decide for itself: the packed tokens (admitted drafts included), each request's cached
-and query lengths and admitted drafts, its KV block table, and the rows whose logits the
-step samples (each rank computes its part of the vocabulary for them). A header frames it with
+and query lengths and admitted drafts, and its KV block table. A header frames it with
 its kind, a sequence number and a 64-bit digest of the payload, which the receiver
 checks and records, so every rank can show the plan it ran on every step.
 """
@@ -38,7 +37,6 @@ class StepPlanMessage:
     num_query: np.ndarray  # [R] tokens computed this step per request, drafts included
     num_admitted: np.ndarray  # [R] drafts among them (verified this step)
     tables: list[BlockTable]  # [R] where each request's rows live
-    logit_rows: np.ndarray  # [N] packed rows whose logits the step samples (none: no head)
 
     def encode(self) -> bytes:
         """The payload: int32 counts, then the arrays in field order, then the blocks."""
@@ -47,7 +45,7 @@ class StepPlanMessage:
         num_blocks = [len(t.blocks) for t in self.tables]
         blocks = [b for t in self.tables for b in t.blocks]
         parts = [
-            np.array([num_reqs, len(self.tokens), len(blocks), len(self.logit_rows)]),
+            np.array([num_reqs, len(self.tokens), len(blocks)]),
             self.tokens,
             self.num_cached,
             self.num_query,
@@ -56,18 +54,17 @@ class StepPlanMessage:
             np.array([t.spilled for t in self.tables]),
             np.array(num_blocks),
             np.array(blocks, dtype=np.int64),
-            self.logit_rows,
         ]
         return np.concatenate([np.asarray(p, dtype=np.int32).ravel() for p in parts]).tobytes()
 
     @classmethod
     def decode(cls, payload: bytes) -> StepPlanMessage:
         values = np.frombuffer(payload, dtype=np.int32).astype(np.int64)
-        num_reqs, num_tokens, num_blocks, num_rows = (int(v) for v in values[:4])
-        sizes = [num_tokens] + [num_reqs] * 6 + [num_blocks, num_rows]
-        ends = np.cumsum([4, *sizes])
+        num_reqs, num_tokens, num_blocks = (int(v) for v in values[:3])
+        sizes = [num_tokens] + [num_reqs] * 6 + [num_blocks]
+        ends = np.cumsum([3, *sizes])
         fields = [values[a:b] for a, b in itertools.pairwise(ends)]
-        tokens, cached, query, admitted, regions, spilled, counts, blocks, rows = fields
+        tokens, cached, query, admitted, regions, spilled, counts, blocks = fields
         starts = np.concatenate(([0], np.cumsum(counts)))
         tables = [
             BlockTable(
@@ -77,7 +74,7 @@ class StepPlanMessage:
             )
             for r in range(num_reqs)
         ]
-        return cls(tokens, cached, query, admitted, tables, rows)
+        return cls(tokens, cached, query, admitted, tables)
 
 
 def digest(payload: bytes) -> int:

@@ -5,9 +5,8 @@ sends the step's plan (``StepPlanMessage``) to the other ranks, which run their 
 the same step, every layer's partial outputs meeting in an all-reduce. Everything the
 engine decides (scheduling, drafting, the adaptive budget and allocation, sampling and
 acceptance) stays in this process: the workers receive its results and compute nothing
-they could decide differently. The final hidden states are complete on every rank after
-the last all-reduce; each rank multiplies them by its run of the vocabulary's head rows
-for the rows the plan names, and one all-gather gives rank 0 the whole logits.
+they could decide differently. The final hidden states, complete after the last
+all-reduce, are rank 0's own, and so are the logits: its LM head is whole.
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ from dspark.engine.distributed import WorkerPool
 from dspark.engine.kv_cache import BlockTable
 from dspark.engine.runner import ModelRunner
 from dspark.engine.step_message import StepPlanMessage
-from dspark.models.loader import LoadedModel, row_plan_store
-from dspark.models.parallel import TensorShard, joined_logits, vocab_head, vocab_logits
-from dspark.ops.linear import tune_small_rows
+from dspark.models.loader import LoadedModel
+from dspark.models.parallel import TensorShard
 
 
 def rank_threads(size: int) -> int:
@@ -75,9 +73,6 @@ class ParallelModelRunner(ModelRunner):
             self.close()
             raise
         self.all_reduce = self.pool.all_reduce
-        self.head = vocab_head(self.model.lm_head.weight, loaded.shard)
-        if self.device.type == "cpu":
-            tune_small_rows([self.head], store=row_plan_store())
         self.plan_ms: list[float] = []  # host ms per forward to encode and send the plan
         self.plan_bytes: list[int] = []
 
@@ -88,23 +83,14 @@ class ParallelModelRunner(ModelRunner):
         num_query: np.ndarray,
         tokens: np.ndarray,
         num_admitted: np.ndarray | None = None,
-        logit_rows: list[int] | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         start = time.perf_counter()
         admitted = np.zeros_like(num_query) if num_admitted is None else num_admitted
-        rows = np.asarray(logit_rows if logit_rows is not None else [], dtype=np.int64)
-        message = StepPlanMessage(tokens, num_cached, num_query, admitted, tables, rows)
-        payload = message.encode()
+        payload = StepPlanMessage(tokens, num_cached, num_query, admitted, tables).encode()
         self.pool.send_plan(payload)
         self.plan_ms.append((time.perf_counter() - start) * 1e3)
         self.plan_bytes.append(len(payload))
         return super().forward(tables, num_cached, num_query, tokens)
-
-    def logits(self, hidden: torch.Tensor, row_index: torch.Tensor | None = None):
-        rows = hidden if row_index is None else hidden[row_index]
-        vocab, size = self.loaded.config.vocab_size, self.config.tensor_parallel_size
-        parts = self.pool.all_gather(vocab_logits(rows, self.head, vocab, size))
-        return joined_logits(parts, vocab)
 
     def plan_digests(self) -> dict[int, list[int]]:
         return self.pool.plan_digests()

@@ -2,8 +2,7 @@
 
 It decides nothing. It loads its shard, builds the same runner and KV cache geometry as
 rank 0 (from rank 0's ``EngineConfig``), then runs every plan message rank 0 sends, in
-order, as its shard of the step's forward; the layers' all-reduces meet rank 0's, and its
-part of the vocabulary's logits for the plan's rows joins rank 0's in an all-gather. It
+order, as its shard of the step's forward; the layers' all-reduces meet rank 0's. It
 exits when told to, when its plan pipe closes (rank 0 is gone) or when its parent dies.
 """
 
@@ -35,9 +34,8 @@ from dspark.engine.distributed import (
 from dspark.engine.runner import ModelRunner
 from dspark.engine.step_message import MessageKind, StepPlanMessage, digest
 from dspark.engine.tp_runner import rank_device
-from dspark.models.loader import LoadedModel, load_target, row_plan_store
-from dspark.models.parallel import TensorShard, vocab_head, vocab_logits
-from dspark.ops.linear import tune_small_rows
+from dspark.models.loader import LoadedModel, load_target
+from dspark.models.parallel import TensorShard
 
 PARENT_POLL_S = 0.2
 
@@ -73,11 +71,7 @@ def serve(spec: dict) -> None:
     store = dist.TCPStore("127.0.0.1", spec["port"], size, False, timeout=timeout)
     reply(spec["reply_fd"], ReplyKind.READY)
     group = open_group(store, rank, size, spec["timeout_s"], device)
-    collectives = Collectives(group, progress, rank)
-    runner.all_reduce = collectives.all_reduce
-    head = vocab_head(model.lm_head.weight, shard)
-    if device.type == "cpu":
-        tune_small_rows([head], store=row_plan_store())
+    runner.all_reduce = Collectives(group, progress, rank).all_reduce
     digests: list[int] = []
     with torch.inference_mode():
         while True:
@@ -91,11 +85,7 @@ def serve(spec: dict) -> None:
                 raise ValueError(f"plan {sequence} arrived corrupted (its digest differs)")
             digests.append(sent)
             plan = StepPlanMessage.decode(payload)
-            hidden, _ = runner.forward(plan.tables, plan.num_cached, plan.num_query, plan.tokens)
-            if len(plan.logit_rows):
-                every_row = len(plan.logit_rows) == hidden.shape[0]
-                rows = hidden if every_row else hidden[torch.from_numpy(plan.logit_rows).to(device)]
-                collectives.all_gather(vocab_logits(rows, head, model_config.vocab_size, size))
+            runner.forward(plan.tables, plan.num_cached, plan.num_query, plan.tokens)
 
 
 def main(argv: list[str]) -> int:

@@ -5,9 +5,7 @@ them) and a contiguous run of the MLP's intermediate columns: q, k, v, gate and 
 split by output rows (column-parallel), o and down by input columns (row-parallel), so
 each layer's attention and MLP outputs are partial sums that one all-reduce completes
 (the ``all_reduce`` a runner passes ``LlamaModel.forward``). The embedding, the norms
-and the LM head are whole on every rank (rank 0's drafter shares the head), but each rank
-multiplies only its run of the vocabulary's head rows, and the parts meet in one
-all-gather (``vocab_logits``, ``joined_logits``). Heads that do not divide evenly go one extra
+and the LM head are whole on every rank. Heads that do not divide evenly go one extra
 to the first ranks (SmolLM2's 3 key/value heads over 2 ranks: 2 and 1), so no model
 needs a head count divisible by the rank count, only at least one key/value head per
 rank.
@@ -17,11 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
 from torch import nn
 
 from dspark.models.config import ModelConfig
-from dspark.ops.linear import linear
 
 _COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # rows split
 _ROW_PARALLEL = ("o_proj", "down_proj")  # input columns split
@@ -113,28 +109,3 @@ def shard_layers(model: nn.Module, shard: TensorShard) -> None:
         mlp.gate_proj = nn.Linear(hidden, part.intermediate_size, bias=False)
         mlp.up_proj = nn.Linear(hidden, part.intermediate_size, bias=False)
         mlp.down_proj = nn.Linear(part.intermediate_size, hidden, bias=False)
-
-
-def vocab_head(head: torch.Tensor, shard: TensorShard) -> torch.Tensor:
-    """This rank's rows of the LM head's ``[vocab, hidden]`` weight (a view)."""
-    start, stop = shard.span(head.shape[0])
-    return head[start:stop]
-
-
-def vocab_logits(hidden: torch.Tensor, part: torch.Tensor, vocab: int, size: int):
-    """float32 logits of ``hidden``'s rows over one rank's head rows ``part``, padded
-    with zeros to the widest rank's width so every rank's part has one shape."""
-    widest = TensorShard(0, size).span(vocab)[1]
-    logits = linear(hidden, part).float()
-    if logits.shape[1] < widest:
-        logits = torch.nn.functional.pad(logits, (0, widest - logits.shape[1]))
-    return logits
-
-
-def joined_logits(parts: list[torch.Tensor], vocab: int) -> torch.Tensor:
-    """The whole vocabulary's logits from every rank's padded part, in rank order."""
-    size = len(parts)
-    widths = [TensorShard(r, size).span(vocab) for r in range(size)]
-    return torch.cat(
-        [p[:, : stop - start] for p, (start, stop) in zip(parts, widths, strict=True)], 1
-    )
