@@ -216,7 +216,9 @@ def main() -> None:
             if args.decisions:
                 sys.exit(0 if compare_decisions(trees) else 1)
             args.out.mkdir(parents=True, exist_ok=True)
-            compare_throughput(trees, args.rounds, args.out, bench)
+            compare_throughput(
+                trees, args.rounds, args.out.resolve(), bench
+            )  # runs write from their own tree
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], check=False)
 
