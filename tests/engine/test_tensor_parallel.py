@@ -205,21 +205,23 @@ def test_a_dead_or_stalled_worker_is_named_within_the_bound_and_nothing_is_left(
     before = set(child_pids())
     target = make_tiny_model(tmp_path / "t")
     config = EngineConfig(tensor_parallel_size=TP, tp_timeout_s=timeout_s)
-    engine = LLMEngine(rank0(target), config)
-    engine.add_request([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True))
-    for _ in range(3):
-        engine.step()
-    [worker] = set(child_pids()) - before
-    os.kill(worker, getattr(signal, sig))
-    start = time.monotonic()
-    with pytest.raises(TensorParallelError, match=f"rank 1 \\(pid {worker}\\) .*{reason}"):
-        while engine.has_unfinished():
+    threads = torch.get_num_threads()
+    with LLMEngine(rank0(target), config) as engine:
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True))
+        for _ in range(3):
             engine.step()
-    # The bound: the collective's timeout, a second's grace for an exit status, slack.
-    assert time.monotonic() - start < timeout_s + 2.5
-    assert set(child_pids()) == before
-    with pytest.raises(TensorParallelError):  # and it stays failed
-        engine.step()
+        [worker] = set(child_pids()) - before
+        os.kill(worker, getattr(signal, sig))
+        start = time.monotonic()
+        with pytest.raises(TensorParallelError, match=f"rank 1 \\(pid {worker}\\) .*{reason}"):
+            while engine.has_unfinished():
+                engine.step()
+        # The bound: the collective's timeout, a second's grace for an exit status, slack.
+        assert time.monotonic() - start < timeout_s + 2.5
+        assert set(child_pids()) == before
+        with pytest.raises(TensorParallelError):  # and it stays failed
+            engine.step()
+    assert torch.get_num_threads() == threads  # closing gives the process its threads back
 
 
 WORKER_OF_A_KILLED_ENGINE = """

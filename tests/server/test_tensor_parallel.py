@@ -6,6 +6,8 @@ import os
 import signal
 import time
 
+import torch
+
 from dspark.engine.config import EngineConfig
 from tests.conftest import make_tiny_model
 from tests.engine.test_tensor_parallel import child_pids
@@ -33,10 +35,16 @@ def serving(tmp_path, tokenizer):
         max_num_batched_tokens=128,
         kv_cache_tokens=1024,
     )
+    threads = torch.get_num_threads()
     app, _ = create_app(str(path), config, served_name="tiny")
     [worker] = set(child_pids()) - before
-    with TestClient(app) as client:
-        yield client, worker
+    try:
+        with TestClient(app) as client:
+            yield client, worker
+    finally:
+        # The engine took this thread's CPU threads for rank 0 and the app's shutdown
+        # closed it on another thread, which gives back only that thread's count.
+        torch.set_num_threads(threads)
 
 
 def test_a_worker_dead_while_idle_turns_health_and_requests_into_503(tmp_path, smollm2):
