@@ -3,9 +3,9 @@
 For a decode step (one token per request) and a verify step (K + 1 tokens per request)
 at each concurrency, every request holding ``--context`` cached tokens:
 
-- the step: the target's forward, its LM head over every row and the greedy pick copied
-  to the host, timed as the engine runs it (CUDA graphs where the engine would replay
-  them), each shape as itself;
+- the step: the target's forward and its LM head over every row, timed as the engine's
+  start-up profile times a step (CUDA graphs where the engine would replay them), each
+  shape as itself;
 - the engine's whole decode step (``LLMEngine.step``: scheduling, sampling and the
   bookkeeping around the forward) over real requests of the same shape;
 - with ``--drafter``, the drafter's proposal of K tokens for the verify step's requests
@@ -39,9 +39,10 @@ from dspark.bench.provenance import source_digest
 from dspark.engine.config import EngineConfig
 from dspark.engine.engine import LLMEngine
 from dspark.engine.graphs import exact_shapes
-from dspark.engine.kv_cache import BlockTable
+from dspark.engine.profiling import dummy_step
 from dspark.engine.sampling import SamplingParams
 from dspark.models.config import ModelConfig
+from dspark.ops.linear import cpu_name
 
 KERNEL_CLASSES = (
     ("attention", ("attention", "attn", "flash", "fmha", "sdpa")),
@@ -150,7 +151,7 @@ class RooflineRow:
     num_reqs: int
     tokens: int
     context: int
-    step_ms: float  # median of the step (forward, LM head, greedy pick on the host)
+    step_ms: float  # median of the step (forward, LM head over every row)
     step_ms_runs: list[float]
     bound_ms: float
     bytes_ms: float  # the bytes over the measured bandwidth
@@ -165,58 +166,38 @@ class RooflineRow:
 
 
 class StepTimer:
-    """Dummy steps of a given shape through an engine's model runner, as the engine runs
-    them (each shape replayed as itself where the engine replays CUDA graphs)."""
+    """Dummy steps of a given shape through an engine's model runner, as the start-up
+    profile runs them (``dummy_step``: the forward and the LM head over every row), each
+    shape replayed as itself where the engine replays CUDA graphs."""
 
     def __init__(self, engine: LLMEngine, seed: int = 0) -> None:
         self.runner = engine.runner
         self.runners = engine.padded_runners()
         self.rng = np.random.default_rng(seed)
-        self.vocab = engine.runner.loaded.config.vocab_size
 
-    def drafter_ms(
-        self, drafter, num_reqs: int, num_drafts: int, context: int, repeats: int
-    ) -> list[float]:
-        """The drafter's ``num_drafts``-deep proposal (ms) for ``num_reqs`` requests of
-        ``context`` tokens, as the start-up profile times it."""
-        from dspark.engine.profiling import dummy_step
-
-        query = np.full(num_reqs, num_drafts + 1)
-        with exact_shapes(self.runners):
-            dummy_step(self.runner, drafter, query, context, self.rng, [num_drafts])  # warm
-            return [
-                dummy_step(self.runner, drafter, query, context, self.rng, [num_drafts])[1][
-                    num_drafts
-                ]
-                for _ in range(repeats)
-            ]
-
-    @torch.inference_mode()
-    def step(self, num_reqs: int, query: int, context: int) -> list[int]:
-        runner, cache = self.runner, self.runner.cache
-        tables = [BlockTable(region=i) for i in range(num_reqs)]
-        try:
-            for table in tables:
-                if not cache.reserve(table, context + query):
-                    raise ValueError("the KV cache cannot hold the step; raise --kv-cache-tokens")
-            tokens = self.rng.integers(0, self.vocab, num_reqs * query).astype(np.int64)
-            cached, queries = np.full(num_reqs, context), np.full(num_reqs, query)
-            hidden, _ = runner.forward(tables, cached, queries, tokens)
-            return runner.model.logits(hidden).argmax(-1).tolist()  # the step's one sync
-        finally:
-            for table in tables:
-                cache.release(table)
+    def step(self, num_reqs: int, query: int, context: int, drafter=None, depths=()):
+        """(forward ms, drafter ms by depth) of one dummy step."""
+        queries = np.full(num_reqs, query)
+        return dummy_step(self.runner, drafter, queries, context, self.rng, list(depths))
 
     def time(self, num_reqs: int, query: int, context: int, repeats: int) -> list[float]:
         with exact_shapes(self.runners):
             for _ in range(2):  # captures the shape's graph, then a replay untimed
                 self.step(num_reqs, query, context)
-            times = []
-            for _ in range(repeats):
-                start = _clock(self.runner.device)
-                self.step(num_reqs, query, context)
-                times.append(1e3 * (_clock(self.runner.device) - start))
-        return times
+            return [self.step(num_reqs, query, context)[0] for _ in range(repeats)]
+
+    def drafter_ms(
+        self, drafter, num_reqs: int, num_drafts: int, context: int, repeats: int
+    ) -> list[float]:
+        """The drafter's ``num_drafts``-deep proposal (ms) for ``num_reqs`` requests of
+        ``context`` tokens, after a verify step of theirs."""
+        depths, query = [num_drafts], num_drafts + 1
+        with exact_shapes(self.runners):
+            self.step(num_reqs, query, context, drafter, depths)  # warm
+            return [
+                self.step(num_reqs, query, context, drafter, depths)[1][num_drafts]
+                for _ in range(repeats)
+            ]
 
     def trace(self, num_reqs: int, query: int, context: int, steps: int) -> dict[str, float]:
         """Ms per step by kernel class from the profiler over ``steps`` steps (on a CPU,
@@ -232,7 +213,6 @@ class StepTimer:
             with profile(activities=activities) as prof:
                 for _ in range(steps):
                     self.step(num_reqs, query, context)
-                _clock(device)
         by_class: dict[str, float] = {}
         for event in prof.key_averages():
             if device.type == "cuda":
@@ -257,7 +237,7 @@ def engine_decode_ms(
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     prompts = rng.integers(0, vocab, (num_reqs, context)).tolist()
     requests = []
-    device = engine.runner.device
+    clock = engine.runner.clock  # ms, once the device has finished
     try:
         requests += [engine.add_request(p, params) for p in prompts]
         with exact_shapes(engine.padded_runners()):  # every timed shape captured as itself
@@ -267,9 +247,9 @@ def engine_decode_ms(
                 engine.step()
             times = []
             for _ in range(repeats):
-                start = _clock(device)
+                start = clock()
                 engine.step()
-                times.append(1e3 * (_clock(device) - start))
+                times.append(clock() - start)
         if any(r.is_finished for r in requests):
             raise RuntimeError(
                 f"a request finished before the timed steps ended: max_tokens {max_tokens} "
@@ -530,7 +510,7 @@ def main(args: argparse.Namespace) -> None:
     stem = args.out_dir / f"roofline_{name}_{device.type}"
     payload = {
         "machine": platform.platform(),
-        "device": torch.cuda.get_device_name(device) if cuda else platform.processor(),
+        "device": torch.cuda.get_device_name(device) if cuda else cpu_name(),
         "torch": torch.__version__,
         "source_digest": source_digest(),
         "model": str(loaded.path),

@@ -233,13 +233,14 @@ old way are measured again."""
 
 def _store_file(store: Path, key: tuple) -> Path:
     shapes, dtype, threads = key
-    machine = (_cpu_name(), torch.__version__, str(dtype), threads, packing_available())
+    machine = (cpu_name(), torch.__version__, str(dtype), threads, packing_available())
     rules = (STORE_FORMAT, TUNED_ROWS, PAD_GAIN, PAD_MULTIPLE, ROW_MAJOR_MAX_ROWS)
     text = json.dumps([machine, shapes, rules, COLUMN_MAJOR_COST])
     return Path(store) / f"rows-{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (what a stored plan was measured on)."""
     try:
         with open("/proc/cpuinfo") as info:
             for line in info:
