@@ -9,7 +9,9 @@ OUT/history.json and OUT/training.png (τ against tokens seen). The training sta
 saved under OUT/checkpoint/ every --checkpoint-every steps and when it stops;
 ``dspark train-drafter --resume OUT`` continues exactly where it stopped (the settings
 come from the checkpoint; --max-minutes may be given anew). --no-heads trains the DFlash
-ablation (same backbone, no Markov or confidence head).
+ablation (same backbone, no Markov or confidence head). --init DIR starts from a saved
+drafter's weights and shape instead of random ones (its calibration is dropped: calibrate
+the result anew).
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from dspark.figures import save_figure
-from dspark.models.drafter import DrafterConfig, DraftModel, count_parameters, save_drafter
+from dspark.models.drafter import (
+    DrafterConfig,
+    DraftModel,
+    count_parameters,
+    load_drafter,
+    save_drafter,
+)
 from dspark.models.loader import load_model, resolve_dtype
 from dspark.train.data import DistillSet, generate_greedy, load_prompts, sharegpt_prompts
 from dspark.train.trainer import TrainConfig, config_dict, init_drafter, load_checkpoint, train
@@ -60,6 +69,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     shape.add_argument(
         "--capture-layers", default=None, help="comma-separated target layers (default: 5 spread)"
+    )
+    shape.add_argument(
+        "--init",
+        default=None,
+        metavar="DRAFTER",
+        help="start from this drafter ('shipped': the packaged one); its shape wins over "
+        "--layers, --intermediate, --k, --markov-rank, --no-heads and --capture-layers",
     )
     opt = parser.add_argument_group("optimisation")
     defaults = TrainConfig()
@@ -154,6 +170,18 @@ def plot_history(
 ARGS_FILE = "args.json"
 
 
+def start_from(directory: str, loaded, device: str) -> DraftModel:
+    """A saved drafter to train further: fp32 weights, its calibration dropped (training
+    moves the confidence logits it was fitted to)."""
+    if directory == "shipped":
+        from dspark.engine.shipped import find_drafter
+
+        directory = str(find_drafter(loaded.config, required=True))
+    drafter = load_drafter(directory, loaded.model, device=device, dtype=torch.float32)
+    drafter.config = replace(drafter.config, calibration=(), calibration_bias=())
+    return drafter.train().requires_grad_(True)
+
+
 def resumed_args(args: argparse.Namespace) -> argparse.Namespace:
     """The settings of the run ``--resume`` names, with this call's --max-minutes."""
     saved = Path(args.resume) / "checkpoint" / ARGS_FILE
@@ -185,10 +213,15 @@ def main(args: argparse.Namespace) -> None:
     )
     if args.capture_layers:
         overrides["capture_layers"] = tuple(int(x) for x in args.capture_layers.split(","))
-    drafter_config = DrafterConfig.for_target(loaded.config, **overrides)
-    drafter = DraftModel(drafter_config).to(args.device)
-    init_drafter(drafter, args.seed)
-    drafter.attach(loaded.model)
+    init = getattr(args, "init", None)  # absent from checkpoints written before --init
+    if init:
+        drafter = start_from(init, loaded, args.device)
+        drafter_config = drafter.config
+    else:
+        drafter_config = DrafterConfig.for_target(loaded.config, **overrides)
+        drafter = DraftModel(drafter_config).to(args.device)
+        init_drafter(drafter, args.seed)
+        drafter.attach(loaded.model)
     print(
         f"[dspark] drafter: {count_parameters(drafter) / 1e6:.2f} M parameters "
         f"({count_parameters(drafter) * 2 / 2**20:.1f} MiB in bf16), layers "
@@ -227,7 +260,8 @@ def main(args: argparse.Namespace) -> None:
     minutes = (time.perf_counter() - start) / 60 + (state or {}).get("minutes", 0.0)
     evals = [h["eval"] for h in history if "eval" in h]
     metadata = {
-        "kind": "dflash-ablation" if args.no_heads else "dspark",
+        "kind": "dflash-ablation" if not drafter_config.confidence_head else "dspark",
+        "init": str(init) if init else None,
         "target": str(loaded.path.name),
         "train": config_dict(config),
         "steps_done": len(history),
