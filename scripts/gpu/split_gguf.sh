@@ -1,6 +1,6 @@
 # Cut the target GGUF into pieces that each travel with this checkout in one GPU-machine
 # call (the checkout and a call's carried paths together may not pass 64 MiB; the
-# checkout grows every session, so the piece size is worked out from what travels now).
+# checkout grows over time, so the piece size is worked out from what travels now).
 # Run here, from the repository root:
 #   bash scripts/gpu/split_gguf.sh [GGUF]
 # Writes .gpu/p1 .. .gpu/pN (one piece each, named so that the GPU machine's
