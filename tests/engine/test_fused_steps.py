@@ -78,3 +78,25 @@ def test_paged_runner_writes_no_cache_row_for_padding(needs_triton, tmp_path, mo
     assert not torch.equal(eager_k.view(16, 4, -1)[scratch], before[0].view(16, 4, -1)[scratch])
     rows = table.rows(np.arange(3, 6), 4)
     torch.testing.assert_close(paged_k[rows], eager_k[rows], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["none", "fixed"])
+def test_captured_fused_steps_give_the_eager_greedy_output(tmp_path, monkeypatch, spec):
+    """On CUDA: steps captured as CUDA graphs on the fused kernels, against the eager ops
+    captured alike (fp32, so greedy ties stay rare)."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs a CUDA device and the compiled kernels")
+    target = make_tiny_model(tmp_path / "t", num_hidden_layers=3)
+    target.model.cuda()
+    prompts = [*repetitive_prompts(10), list(range(3, 90))]
+    extra = {"spec": spec, "drafter": "ngram", "num_drafts": 4} if spec != "none" else {}
+    config = {"cuda_graphs": "auto", "max_num_batched_tokens": 128, **extra}
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    monkeypatch.setenv(EAGER_OPS_ENV, "1")
+    eager, _ = run(target, prompts, params, **config)
+    monkeypatch.setenv(EAGER_OPS_ENV, "0")
+    got, engine = run(target, prompts, params, **config)
+    assert engine.graphs.paged and engine.graphs.num_captures > 0
+    assert [o.token_ids for o in got] == [o.token_ids for o in eager]
