@@ -15,9 +15,6 @@
 #                   kernel, SmolLM2 and 8B heads (scripts/attention_bench.py)
 #   peer            SmolLM2 in dspark against transformers' generate (eager, static cache,
 #                   static cache + torch.compile) at 1 and 16 requests (dspark bench-engine)
-#   ops-ab          the roofline at 1, 16 and 256 requests with the fused Triton ops and
-#                   with the eager ones (DSPARK_EAGER_OPS=1), alternated, on the 8B and
-#                   SmolLM2 shapes (random weights; no staged GGUF needed)
 #
 # VARIANT="TAG:setting=value ..." adds each as an in-run A/B against adaptive at its
 # defaults (e.g. VARIANT=ng:throughput_gate=off). LEVELS="1 4" runs only those levels;
@@ -105,17 +102,7 @@ for name in "$@"; do
       timeout "$t" python3 -m dspark.cli bench-engine --model "$G" --device cuda \
         --dtype bfloat16 --prompts .gpu/prompts.npz --concurrency 1 16 --max-tokens 128 --repeats 3 \
         --hf eager static compiled --out-dir "$OUT/peer" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -16 ;;
-    ops-ab)
-      for shape in llama3-8b smollm2-135m; do
-        for ops in fused eager; do
-          t=$(within 130) || { echo "ops-ab $shape $ops: skipped, out of time"; continue; }
-          eager=0; [ "$ops" = eager ] && eager=1
-          DSPARK_EAGER_OPS=$eager timeout "$t" python3 -m dspark.cli roofline --shape "$shape" \
-            --device cuda --trace --concurrency 1 16 256 --repeats 5 \
-            --out-dir "$OUT/ops-ab/$ops" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -9
-        done
-      done ;;
-    *) echo "unknown name $name (8b-levels, smollm2-levels, checks, roofline, attention, peer, ops-ab)" ;;
+    *) echo "unknown name $name (8b-levels, smollm2-levels, checks, roofline, attention, peer)" ;;
   esac
 done
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/device.txt"

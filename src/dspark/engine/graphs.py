@@ -47,7 +47,6 @@ import torch
 
 from dspark.engine.kv_cache import BlockTable, PagedKVCache
 from dspark.models.llama import AttentionBatch, AttentionGroup
-from dspark.ops.triton_attention import PagedLayout
 
 PIECE_LEN = 16
 """Longest piece: a decode with up to 15 drafts fits one."""
@@ -254,12 +253,6 @@ class PaddedStepRunner:
     tensors whose first dimension is the (padded) token count; ``run`` returns them cut
     to the real tokens. They are the graph's own buffers: use them (or copy them) before
     the next ``run``.
-
-    ``paged``: the body attends through the Triton kernel alone (``LlamaModel`` on the
-    fused kernels): its batch carries a ``PagedLayout`` and none of the eager gathers and
-    masks, and padding tokens write no cache row (``rotary_write`` skips a negative
-    row): the kernel leaves their attention outputs unwritten, so their keys and values
-    are garbage that must not reach the cache, where eager attention reads masked rows.
     """
 
     def __init__(
@@ -273,10 +266,8 @@ class PaddedStepRunner:
         piece_len: int = PIECE_LEN,
         max_graphs: int = 256,
         max_key_rows: int = MAX_KEY_ROWS,
-        paged: bool = False,
     ) -> None:
         self.body = body
-        self.paged = paged
         self.cache = cache
         self.block_size = cache.block_size
         self.piece_len = piece_len
@@ -398,8 +389,7 @@ class PaddedStepRunner:
 
         put("ids", ids)
         put("positions", positions)
-        write_pad = -1 if self.paged else scratch_row
-        put("write", blocks[token_owner, positions // bs] * bs + positions % bs, write_pad)
+        put("write", blocks[token_owner, positions // bs] * bs + positions % bs, scratch_row)
         put("rows", token_piece * plen + offset)
         put("query_len", piece_query)
         if causal:
@@ -426,23 +416,8 @@ class PaddedStepRunner:
 
         bs, plen, device = self.block_size, self.piece_len, self.device
         num_pieces, max_len = shape.num_pieces, shape.max_len
-        blocks = get("blocks").view(num_pieces, max_len // bs)
-        if self.paged:
-            query_len = get("query_len")
-            layout = PagedLayout(
-                block_tables=blocks,
-                # Pieces' tokens are packed in piece order; padding tokens follow them all.
-                query_start=torch.cumsum(query_len, 0) - query_len,
-                query_len=query_len,
-                last_seen=get("last_seen"),
-                causal=get("causal"),
-                block_size=bs,
-                max_query=plen,
-                max_keys=max_len,
-            )
-            batch = AttentionBatch(write_index=get("write"), groups=[], paged=layout)
-            return get("ids"), get("positions"), batch
         keys = torch.arange(max_len, device=device)
+        blocks = get("blocks").view(num_pieces, max_len // bs)
         read = blocks[:, keys // bs] * bs + keys % bs  # [R, L] cache rows
         offsets = torch.arange(plen, device=device)
         query_valid = offsets[None, :] < get("query_len")[:, None]  # [R, P]

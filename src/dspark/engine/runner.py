@@ -57,7 +57,6 @@ class ModelRunner:
                 max_pieces=config.max_num_batched_tokens,
                 max_len=max_model_len,
                 capture=self.device.type == "cuda",
-                paged=self.model.uses_fused_ops(self.device),
             )
             self.graphs.ledger.budget = config.graph_padding_budget
         self.capture_layers: tuple[int, ...] = ()  # target layers a drafter reads

@@ -4,12 +4,6 @@ One forward takes every scheduled token of every request as one flat sequence (p
 chunks, decode tokens and draft tokens alike): the dense layers see ``[num_tokens,
 hidden]``, so their cost follows the total token count. Attention reads each request's
 cached keys and values through ``AttentionBatch`` (see ``dspark.engine.kv_cache``).
-
-On CUDA (``dspark.ops.fused.fused_ops_enabled``) a model without q/k norms runs a layer
-as nine kernels: add + RMSNorm, the qkv product, rotary + cache write, paged attention,
-the o product, add + RMSNorm, the gate/up product, silu · mul, the down product. The
-residual stream is carried through ``add_rms_norm``: each norm first adds the output of
-the block before it. Elsewhere the eager ops run, unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark.models.config import ModelConfig
-from dspark.ops import fused, triton_attention
 from dspark.ops.linear import linear
 
 
@@ -86,9 +79,6 @@ class AttentionBatch:
 
     write_index: torch.Tensor  # [T]
     groups: list[AttentionGroup]
-    # The same step for the Triton kernel (the fused path); with it set, ``groups`` may
-    # be empty when nothing attends eagerly (a padded step's batch, ``graphs``).
-    paged: triton_attention.PagedLayout | None = None
 
 
 class RMSNorm(nn.Module):
@@ -173,11 +163,8 @@ class Attention(nn.Module):
         batch: AttentionBatch,
         k_cache: torch.Tensor,  # [num_rows, kv_heads, D]
         v_cache: torch.Tensor,
-        is_fused: bool = False,  # the fused kernels (``LlamaModel.uses_fused_ops``)
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        if is_fused:
-            return self._forward_fused(hidden, positions, rotary, batch, k_cache, v_cache)
         q, k, v = self.qkv_proj(hidden).split(self.qkv_sizes, dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
@@ -187,25 +174,6 @@ class Attention(nn.Module):
         q, k = rotary(q, positions), rotary(k, positions)
         out = paged_attention(q, k, v, batch, k_cache, v_cache)
         return linear(out.reshape(num_tokens, self.num_heads * self.head_dim), self.o_proj.weight)
-
-    def _forward_fused(self, hidden, positions, rotary, batch, k_cache, v_cache) -> torch.Tensor:
-        q = fused.rotary_write(
-            self.qkv_proj(hidden),
-            positions,
-            rotary.cos,
-            rotary.sin,
-            k_cache,
-            v_cache,
-            batch.write_index,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-        )  # [T, heads, D]; the step's keys and values are in the cache
-        if batch.paged is not None:
-            out = triton_attention.attend(q, k_cache, v_cache, batch.paged)
-        else:
-            out = attend_groups(q, batch, k_cache, v_cache)
-        return linear(out.reshape(hidden.shape[0], -1), self.o_proj.weight)
 
 
 def paged_attention(
@@ -218,38 +186,11 @@ def paged_attention(
 ) -> torch.Tensor:
     """Write the step's keys and values to their cache rows, then attend each group of
     requests over its rows; ``[T, heads, D]`` in packed order."""
-    write_cache(k, v, batch, k_cache, v_cache)
-    return attend_groups(q, batch, k_cache, v_cache)
-
-
-def write_cache(
-    k: torch.Tensor,  # [T, kv_heads, D], rotated
-    v: torch.Tensor,  # [T, kv_heads, D]
-    batch: AttentionBatch,
-    k_cache: torch.Tensor,  # [num_rows, kv_heads, D]
-    v_cache: torch.Tensor,
-) -> None:
     k_cache.index_copy_(0, batch.write_index, k.to(k_cache.dtype))
     v_cache.index_copy_(0, batch.write_index, v.to(v_cache.dtype))
-
-
-def attend_groups(
-    q: torch.Tensor,  # [T, heads, D], rotated
-    batch: AttentionBatch,
-    k_cache: torch.Tensor,  # [num_rows, kv_heads, D], the step's rows written
-    v_cache: torch.Tensor,
-) -> torch.Tensor:
-    """Each group of requests over its cache rows (gathered, padded SDPA); ``[T, heads,
-    D]`` in packed order."""
-    if not batch.groups and batch.paged is not None:
-        raise ValueError(
-            "this batch has no attention groups, only a paged layout for the fused path; "
-            "build it with its groups to run the eager ops (DSPARK_EAGER_OPS=1 set after "
-            "the engine was built?)"
-        )
     alone = len(batch.groups) == 1 and batch.groups[0].in_order  # no scatter needed
     out = q if alone else torch.empty_like(q)
-    num_heads, kv_heads, head_dim = q.shape[1], k_cache.shape[1], q.shape[2]
+    num_heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     share = num_heads // kv_heads  # query heads per key/value head
     for group in batch.groups:
         keys = group.cached(k_cache).transpose(1, 2)  # [R, kv_heads, max_len, D]
@@ -304,11 +245,6 @@ class MLP(nn.Module):
         gate, up = linear(x, self.gate_up_weight).chunk(2, dim=-1)
         return linear(F.silu(gate) * up, self.down_proj.weight)
 
-    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_weight is None:
-            self.gate_up_weight, _ = fuse_linears(self.gate_proj, self.up_proj)
-        return linear(fused.silu_mul(linear(x, self.gate_up_weight)), self.down_proj.weight)
-
     def _apply(self, fn, recurse=True):
         self.gate_up_weight = None
         return super()._apply(fn, recurse)
@@ -356,10 +292,6 @@ class LlamaModel(nn.Module):
             return partial if all_reduce is None else all_reduce(partial)
 
         hidden = self.embed_tokens(input_ids)
-        if self.uses_fused_ops(hidden.device):
-            return self._forward_fused(
-                hidden, positions, batch, kv_cache, capture_layers, completed
-            )
         captured = []
         for index, layer in enumerate(self.layers):
             k_cache, v_cache = kv_cache[index]
@@ -372,34 +304,6 @@ class LlamaModel(nn.Module):
             if index in capture_layers:
                 captured.append(hidden)
         return self.norm(hidden), captured
-
-    def uses_fused_ops(self, device: torch.device) -> bool:
-        """Whether ``forward`` runs the fused kernels on ``device`` (q/k norms have none)."""
-        return not self.config.qk_norm and fused.fused_ops_enabled(device)
-
-    def _forward_fused(self, hidden, positions, batch, kv_cache, capture_layers, completed):
-        """``forward`` on the fused kernels. The residual stream waits for each block's
-        output (``delta``) to be added by the norm after it, so layer i's output, the
-        residual with its MLP's delta added, comes out of layer i + 1's first norm (the
-        final norm for the last layer)."""
-        residual, delta = hidden, None
-        captured = []
-        for index, layer in enumerate(self.layers):
-            k_cache, v_cache = kv_cache[index]
-            norm = layer.input_layernorm
-            x, residual = fused.add_rms_norm(delta, residual, norm.weight, norm.eps)
-            if index and index - 1 in capture_layers:
-                captured.append(residual)
-            attn = layer.self_attn(
-                x, positions, self.rotary, batch, k_cache, v_cache, is_fused=True
-            )
-            norm = layer.post_attention_layernorm
-            x, residual = fused.add_rms_norm(completed(attn), residual, norm.weight, norm.eps)
-            delta = completed(layer.mlp.forward_fused(x))
-        hidden, residual = fused.add_rms_norm(delta, residual, self.norm.weight, self.norm.eps)
-        if len(self.layers) - 1 in capture_layers:
-            captured.append(residual)
-        return hidden, captured
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return linear(hidden, self.lm_head.weight).float()

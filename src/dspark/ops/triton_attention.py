@@ -44,15 +44,14 @@ class PagedLayout:
     query_len[r]``; its query i attends key positions ``0 ... last_seen[r] + causal[r] ·
     i``. A request with ``query_len`` 0 is padding (a captured graph's empty piece).
     ``max_query`` and ``max_keys`` are host-side: the first sizes the grid and must be at
-    least every ``query_len``; the second only balances split-KV spans. The tensors may
-    be int32 or int64 (a padded step's views of its int64 staging buffer).
+    least every ``query_len``; the second only balances split-KV spans.
     """
 
-    block_tables: torch.Tensor  # [R, max_blocks] int32 / int64
-    query_start: torch.Tensor  # [R], cu_ offsets into the packed tokens
-    query_len: torch.Tensor  # [R]
-    last_seen: torch.Tensor  # [R], the last key position the first query sees
-    causal: torch.Tensor  # [R], 1: each later query sees one key more
+    block_tables: torch.Tensor  # [R, max_blocks] int32
+    query_start: torch.Tensor  # [R] int32, cu_ offsets into the packed tokens
+    query_len: torch.Tensor  # [R] int32
+    last_seen: torch.Tensor  # [R] int32, the last key position the first query sees
+    causal: torch.Tensor  # [R] int32, 1: each later query sees one key more
     block_size: int
     max_query: int
     max_keys: int
